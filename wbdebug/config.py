@@ -1,0 +1,116 @@
+"""Config: every threshold, interval and sink option, with where its default comes from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Config(BaseSettings):
+    """wbdebug settings: keyword arguments, then ``WBDEBUG_*`` environment variables, then ``.env``.
+
+    The defaults are the benchmarked ones (``benchmarks/overhead.py``) and the ones the healthy-run
+    tests in ``tests/test_detectors_healthy.py`` stay quiet with.
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix="WBDEBUG_",
+        env_file=".env",
+        env_file_encoding="utf-8",
+        extra="ignore",
+        validate_assignment=True,
+    )
+
+    # --- schedule -------------------------------------------------------------------------
+    check_every: int = Field(
+        10, ge=1,
+        description="Steps between read-backs of the on-device statistics; bounds detection latency.",
+    )
+    log_every: int = Field(50, ge=1, description="Steps between W&B metric rows.")
+    activation_every: int = Field(
+        10, ge=1, description="Steps between activation samples (hooks attach only on sampled steps)."
+    )
+    activations: bool = Field(True, description="Collect activation zero/dead-unit fractions.")
+
+    # --- gradients ------------------------------------------------------------------------
+    exploding_norm: float = Field(
+        1e4, gt=0, description="Global gradient norm above which gradients count as exploding."
+    )
+    exploding_factor: float = Field(
+        10.0, gt=1, description="Jump of the global gradient norm over its recent median that counts as exploding."
+    )
+    vanishing_ratio: float = Field(
+        1e-5, gt=0, lt=1,
+        description="Layer gradient norm below this fraction of the largest layer's counts as vanishing.",
+    )
+    vanishing_floor: float = Field(
+        1e-12, ge=0, description="Absolute layer gradient norm counted as vanishing whatever the other layers do."
+    )
+    vanishing_steps: int = Field(5, ge=1, description="Consecutive steps a layer must vanish before an event.")
+
+    # --- activations ----------------------------------------------------------------------
+    dead_fraction: float = Field(
+        0.9, gt=0, le=1, description="Fraction of zero outputs (elements or units) that makes a layer dead."
+    )
+    dead_samples: int = Field(3, ge=1, description="Consecutive activation samples a layer must be dead.")
+
+    # --- loss -----------------------------------------------------------------------------
+    history: int = Field(50, ge=5, description="Steps of history the relative detectors compare against.")
+    warmup_steps: int = Field(20, ge=1, description="Steps of history needed before relative detectors judge.")
+    spike_factor: float = Field(
+        2.0, gt=1, description="Loss above this multiple of its recent median can be a spike."
+    )
+    spike_mads: float = Field(
+        8.0, gt=0, description="...and must also exceed the median by this many robust standard deviations."
+    )
+    initial_loss: bool = Field(True, description="Compare the first loss with an uninformed model's (log C).")
+    initial_loss_warn_ratio: float = Field(
+        1.5, gt=1, description="First loss more than this many times log C (or under 1/this) is a warning."
+    )
+    initial_loss_error_ratio: float = Field(3.0, gt=1, description="...this many times, an error.")
+
+    # --- sinks ----------------------------------------------------------------------------
+    wandb: bool = Field(True, description="Log metrics, alerts and the events table to Weights & Biases.")
+    wandb_project: str = Field("wbdebug", description="Project for the run wbdebug starts when none is active.")
+    wandb_mode: Literal["auto", "online", "offline", "disabled"] = Field(
+        "auto", description="Mode for a run wbdebug starts: auto = offline unless an API key is configured."
+    )
+    alerts: bool = Field(True, description="Send W&B alerts (run.alert) for warning and error events.")
+    alert_cooldown_s: float = Field(
+        300.0, ge=0, description="Seconds before the same kind and layer may alert again."
+    )
+    console: bool = Field(True, description="Print one line per event and a summary table at close().")
+    journal: bool = Field(True, description="Append every event to events.jsonl, flushed as written.")
+    journal_path: Path | None = Field(
+        None, description="Event journal file; default: events.jsonl in the W&B run directory."
+    )
+    strict: bool = Field(
+        False, description="Re-raise wbdebug's own internal errors instead of reporting them once (for debugging)."
+    )
+
+    @model_validator(mode="after")
+    def _check_warmup(self) -> "Config":
+        if self.warmup_steps > self.history:
+            raise ValueError(
+                f"warmup_steps ({self.warmup_steps}) must not exceed history ({self.history})"
+            )
+        if self.initial_loss_error_ratio < self.initial_loss_warn_ratio:
+            raise ValueError("initial_loss_error_ratio must be >= initial_loss_warn_ratio")
+        return self
+
+
+def make_config(config: Config | None, settings: dict) -> Config:
+    """Merge ``config=`` and ``**settings`` into one validated Config, naming any unknown key."""
+    if config is not None and not isinstance(config, Config):
+        raise TypeError(f"config must be a wbdebug.Config, got {type(config).__name__}")
+    unknown = sorted(set(settings) - set(Config.model_fields))
+    if unknown:
+        raise TypeError(
+            f"unknown wbdebug setting(s) {unknown}; expected any of: {', '.join(sorted(Config.model_fields))}"
+        )
+    if config is None:
+        return Config(**settings)
+    return Config(**{**config.model_dump(exclude_unset=True), **settings}) if settings else config

@@ -1,0 +1,452 @@
+"""Monitor: owns every hook and the step clock, and wires probes → detectors → sinks.
+
+Per step it only launches a few small device kernels (fused gradient norms, a loss copy) that write
+into a preallocated device buffer. Every ``check_every`` steps the buffer is read back once — the
+only sync point, made asynchronous on CUDA — and the detectors judge each step's numbers on the host.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import math
+import warnings
+import weakref
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from wbdebug import keys
+from wbdebug.config import Config
+from wbdebug.detectors import DeadActivationDetector, GradientDetector, LossDetector, StepStats
+from wbdebug.detectors.loss import CROSS_ENTROPY
+from wbdebug.events import Event, EventKind
+from wbdebug.probes.activations import STATS_PER_LAYER, ActivationProbe, activation_layers
+from wbdebug.probes.gradients import GradientProbe, parameterised_layers
+from wbdebug.probes.loss import (
+    as_scalar_loss,
+    classes_in_logits,
+    find_loss_in_output,
+    first_grad_tensor,
+    logits_in_output,
+    loss_family_of,
+)
+from wbdebug.sinks import ConsoleSink, JournalSink, Sink, WandbSink, start_run
+
+# Loss sources, highest priority first: an explicit observe_loss() wins over a criterion, which wins
+# over a loss found in the model's output (a HF model given labels *and* a criterion would count twice).
+_OBSERVED, _CRITERION, _MODEL_OUTPUT = 0, 1, 2
+
+#: The open Monitor of each model, so that watching a model again replaces the old monitor instead of
+#: stacking a second set of hooks (re-running a notebook cell). Weak: never keeps a model alive.
+_ACTIVE: "weakref.WeakKeyDictionary[nn.Module, Monitor]" = weakref.WeakKeyDictionary()
+
+
+@dataclass
+class _Row:
+    """Host-side facts about one buffer row: which of its device values are real."""
+
+    step: int
+    loss_seen: bool = False
+    layers: tuple[int, ...] = ()
+    activations: list[int] | None = None
+
+
+@dataclass
+class _Pending:
+    host: torch.Tensor
+    ready: Any  # a torch.cuda.Event, or None when the copy is already complete
+    rows: list[_Row] = field(default_factory=list)
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The user's own module inside DistributedDataParallel / DataParallel, so layer names carry no ``module.``."""
+    wrappers = (nn.DataParallel, nn.parallel.DistributedDataParallel)
+    while isinstance(model, wrappers):
+        model = model.module
+    return model
+
+
+class Monitor:
+    """Watches one model's training; see :func:`wbdebug.watch`."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        criterion: nn.Module | None = None,
+        *,
+        num_classes: int | None = None,
+        run: Any = None,
+        config: Config,
+        sinks: list[Sink] | None = None,
+    ) -> None:
+        self.config = config
+        self.model = unwrap_model(model)
+        self.optimizer = optimizer
+        self.criterion = criterion
+        self.num_classes = num_classes
+        self.events: list[Event] = []
+        self.step = 0
+        self.sinks: list[Sink] = []
+        self._closed = False
+        self._handles: list[RemovableHandle] = []
+        self._reported_errors: set[str] = set()
+
+        layers = parameterised_layers(self.model)
+        self.grads = GradientProbe(layers)
+        self.acts = ActivationProbe(self.model, activation_layers(self.model)) if config.activations else None
+        device = next(self.model.parameters()).device
+        self._g0 = 1
+        self._a0 = 1 + self.grads.width
+        width = self._a0 + (self.acts.width if self.acts else 0)
+        self._buf = torch.full((config.check_every, width), math.nan, device=device)
+        self._pinned: list[torch.Tensor] = []
+        if device.type == "cuda":
+            self._pinned = [torch.empty_like(self._buf, device="cpu").pin_memory() for _ in range(2)]
+        self._rows: list[_Row] = []
+        self._pending: deque[_Pending] = deque()
+        self._cur = _Row(step=0)
+        self._losses: dict[int, list[torch.Tensor]] = {}
+        self._grads_measured = False
+        self._backward_queued = False
+        self._loss_sum, self._loss_n = 0.0, 0
+        self._last_logged: int | None = None
+        self._last_processed: _Row | None = None
+        self._final_values = StepStats(step=0)
+        self._next_pinned = 0
+        self.journal_path: Path | None = None
+        self._fresh_acts: dict[str, tuple[float, float, bool]] = {}
+
+        self.loss_detector = LossDetector(
+            history=config.history, warmup_steps=config.warmup_steps, spike_factor=config.spike_factor,
+            spike_mads=config.spike_mads, check_initial=config.initial_loss,
+            initial_warn_ratio=config.initial_loss_warn_ratio, initial_error_ratio=config.initial_loss_error_ratio,
+        )
+        self.grad_detector = GradientDetector(
+            history=config.history, warmup_steps=config.warmup_steps, exploding_norm=config.exploding_norm,
+            exploding_factor=config.exploding_factor, vanishing_ratio=config.vanishing_ratio,
+            vanishing_floor=config.vanishing_floor, vanishing_steps=config.vanishing_steps,
+        )
+        self.dead_detector = DeadActivationDetector(threshold=config.dead_fraction, samples=config.dead_samples)
+        family = loss_family_of(criterion)
+        self.loss_detector.describe_loss(family, num_classes)
+        self._loss_described = family is not None and (num_classes is not None or family != CROSS_ENTROPY)
+
+        previous = _ACTIVE.get(self.model)
+        if previous is not None and not previous._closed:
+            warnings.warn("wbdebug: this model was already watched; closing the previous monitor", stacklevel=3)
+            previous.close()
+        _ACTIVE[self.model] = self
+
+        self.run = None
+        self._open_sinks(run, sinks)
+        self._attach_hooks()
+        self._schedule_activations()
+        self._atexit = functools.partial(_close_at_exit, weakref.ref(self))
+        atexit.register(self._atexit)
+
+    # ------------------------------------------------------------------ set-up
+    def _open_sinks(self, run: Any, extra: list[Sink] | None) -> None:
+        cfg = self.config
+        if cfg.wandb:
+            import wandb
+
+            owns = False
+            if run is None:
+                run = wandb.run
+            if run is None and cfg.wandb_mode != "disabled":
+                run, owns = start_run(cfg.wandb_project, cfg.wandb_mode), True
+            if run is not None:
+                self.run = run
+                self.sinks.append(
+                    WandbSink(run, owns_run=owns, alerts=cfg.alerts, alert_cooldown_s=cfg.alert_cooldown_s)
+                )
+        if cfg.journal:
+            path = cfg.journal_path
+            if path is None and self.run is not None and getattr(self.run, "dir", None):
+                path = Path(self.run.dir) / "events.jsonl"
+            if path is not None:
+                self.journal_path = Path(path)
+                self.sinks.append(JournalSink(path))
+        if cfg.console:
+            self.sinks.append(ConsoleSink())
+        self.sinks.extend(extra or [])
+
+    def _attach_hooks(self) -> None:
+        self._handles.append(self.model.register_forward_hook(self._guarded(self._on_model_output)))
+        if self.criterion is not None:
+            self._handles.append(self.criterion.register_forward_hook(self._guarded(self._on_criterion)))
+        if self.optimizer is not None:
+            self._handles.append(self.optimizer.register_step_post_hook(self._guarded(self._on_optimizer_step)))
+
+    # ------------------------------------------------------------------ public
+    def observe_loss(self, loss: torch.Tensor | float) -> None:
+        """Record this step's loss when it comes from neither the criterion nor the model's output."""
+        if isinstance(loss, bool) or not isinstance(loss, (torch.Tensor, int, float)):
+            raise TypeError(f"observe_loss expects a loss tensor or a number, got {type(loss).__name__}")
+        if isinstance(loss, torch.Tensor):
+            value = as_scalar_loss(loss)
+        else:
+            value = torch.tensor(float(loss), dtype=torch.float32).to(self._buf.device, non_blocking=True)
+        self._losses.setdefault(_OBSERVED, []).append(value)
+
+    def close(self) -> None:
+        """Read back what is left, flush every sink and remove every hook. Safe to call twice."""
+        if self._closed:
+            return
+        try:
+            for handle in self._handles:
+                handle.remove()
+            self._handles.clear()
+            if self.acts is not None:
+                self.acts.detach()
+            self._flush()
+        except Exception as exc:  # noqa: BLE001 - close() must finish its job
+            self._internal_error("close", exc)
+        finally:
+            self._closed = True
+            for sink in self.sinks:
+                self._call_sink(sink, "close", self.events)
+            atexit.unregister(self._atexit)
+            if _ACTIVE.get(self.model) is self:
+                del _ACTIVE[self.model]
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> "Monitor":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<wbdebug.Monitor {type(self.model).__name__} step={self.step} events={len(self.events)} {state}>"
+
+    # ------------------------------------------------------------------ hooks
+    def _on_model_output(self, module: nn.Module, args: tuple, output: object) -> None:
+        if not torch.is_grad_enabled():
+            return
+        loss = find_loss_in_output(output)
+        if loss is not None and loss.requires_grad:
+            self._losses.setdefault(_MODEL_OUTPUT, []).append(as_scalar_loss(loss))
+            if not self._loss_described and self.criterion is None:
+                logits = logits_in_output(output)
+                classes = self.num_classes or (int(logits.shape[-1]) if logits is not None else None)
+                if classes is not None and classes >= 2:
+                    self.loss_detector.describe_loss(CROSS_ENTROPY, classes)
+                self._loss_described = True
+        anchor = loss if loss is not None and loss.requires_grad else first_grad_tensor(output)
+        if anchor is not None:
+            anchor.register_hook(self._guarded(self._on_output_grad))
+
+    def _on_output_grad(self, grad: torch.Tensor) -> None:
+        if not self._backward_queued:
+            self._backward_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._guarded(self._on_backward_end))
+
+    def _on_backward_end(self) -> None:
+        """Runs once backward has finished: every gradient exists, none is clipped yet."""
+        self._backward_queued = False
+        self._measure_grads()
+        if self.optimizer is None:
+            self._commit()
+
+    def _on_criterion(self, module: nn.Module, args: tuple, output: object) -> None:
+        if not isinstance(output, torch.Tensor) or not output.requires_grad:
+            return  # evaluation under no_grad is not the training loss
+        self._losses.setdefault(_CRITERION, []).append(as_scalar_loss(output))
+        if not self._loss_described:
+            self._loss_described = True
+            if self.num_classes is None and args and isinstance(args[0], torch.Tensor):
+                self.loss_detector.describe_loss(loss_family_of(module), classes_in_logits(args[0]))
+
+    def _on_optimizer_step(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
+        self._commit()
+
+    # ------------------------------------------------------------------ the step clock
+    def _row(self) -> torch.Tensor:
+        return self._buf[self.step % self.config.check_every]
+
+    def _measure_grads(self) -> None:
+        row = self._row()
+        self._cur.layers = self.grads.measure(row[self._g0 : self._a0])
+        self._grads_measured = True
+
+    def _commit(self) -> None:
+        """Close the current step: loss into the buffer, activation hooks off, read back when the buffer is full."""
+        if not self._grads_measured:
+            self._measure_grads()  # backward did not flow through the model's output; measure now
+        row = self._row()
+        losses = self._take_losses()
+        if losses:
+            row[0] = torch.stack(losses).mean() if len(losses) > 1 else losses[0]
+            self._cur.loss_seen = True
+        if self.acts is not None and self.acts.attached:
+            if self.acts.order:
+                self._cur.activations = list(self.acts.order)
+            self.acts.detach()
+        self._rows.append(self._cur)
+        self.step += 1
+        self._cur = _Row(step=self.step)
+        self._grads_measured = False
+        if len(self._rows) == self.config.check_every:
+            self._read_back()
+        self._poll()
+        self._schedule_activations()
+
+    def _take_losses(self) -> list[torch.Tensor]:
+        for source in (_OBSERVED, _CRITERION, _MODEL_OUTPUT):
+            if self._losses.get(source):
+                chosen = self._losses[source]
+                self._losses = {}
+                return chosen
+        return []
+
+    def _schedule_activations(self) -> None:
+        if self.acts is not None and self.step % self.config.activation_every == 0:
+            self.acts.attach(self._row()[self._a0 :], self._guarded)
+
+    # ------------------------------------------------------------------ read-back
+    def _read_back(self) -> None:
+        rows, self._rows = self._rows, []
+        if not rows:
+            return
+        n = len(rows)
+        if not self._pinned:
+            self._process(self._buf[:n].clone(), rows)
+            return
+        if len(self._pending) == len(self._pinned):
+            self._drain(block=True, limit=1)  # the GPU is two intervals behind: wait for the oldest copy
+        self._next_pinned = (self._next_pinned + 1) % len(self._pinned)
+        view = self._pinned[self._next_pinned][:n]
+        view.copy_(self._buf[:n], non_blocking=True)  # sync point (asynchronous: read when the event completes)
+        ready = torch.cuda.Event()
+        ready.record()
+        self._pending.append(_Pending(view, ready, rows))
+
+    def _poll(self) -> None:
+        self._drain(block=False)
+
+    def _drain(self, *, block: bool, limit: int | None = None) -> None:
+        done = 0
+        while self._pending and (limit is None or done < limit):
+            pending = self._pending[0]
+            if pending.ready is not None:
+                if block:
+                    pending.ready.synchronize()
+                elif not pending.ready.query():
+                    return
+            self._pending.popleft()
+            self._process(pending.host, pending.rows)
+            done += 1
+
+    def _flush(self) -> None:
+        self._read_back()
+        self._drain(block=True)
+        last = self._last_processed
+        if last is not None and self._last_logged != last.step:
+            self._log_row(last, self._final_values)
+
+    def _process(self, host: torch.Tensor, rows: list[_Row]) -> None:
+        """Judge each step's numbers on the host, in step order, and log the rows that are due."""
+        values = host.tolist()
+        layer_names = self.grads.layer_names
+        act_names = self.acts.names if self.acts else []
+        for meta, vals in zip(rows, values):
+            stats = StepStats(step=meta.step)
+            if meta.loss_seen:
+                stats.loss = vals[0]
+                self._loss_sum += vals[0]
+                self._loss_n += 1
+            if meta.layers:
+                stats.grad_total = vals[self._g0]
+                stats.grad_layers = {layer_names[i]: vals[self._g0 + 1 + i] for i in meta.layers}
+            if meta.activations:
+                base = self._a0
+                stats.activations = {
+                    act_names[i]: (
+                        vals[base + STATS_PER_LAYER * i],
+                        vals[base + STATS_PER_LAYER * i + 1],
+                        vals[base + STATS_PER_LAYER * i + 2] > 0,
+                    )
+                    for i in meta.activations
+                }
+                self._fresh_acts.update(stats.activations)
+            for detector in (self.loss_detector, self.grad_detector, self.dead_detector):
+                for event in detector.observe(stats):
+                    self._emit(event)
+            self._last_processed, self._final_values = meta, stats
+            if meta.step % self.config.log_every == 0:
+                self._log_row(meta, stats)
+
+    def _log_row(self, meta: _Row, stats: StepStats) -> None:
+        metrics: dict[str, float] = {}
+        if self._loss_n:
+            metrics[keys.LOSS] = self._loss_sum / self._loss_n
+        if stats.grad_total is not None:
+            metrics[keys.GRAD_NORM_TOTAL] = stats.grad_total
+        for layer, norm in stats.grad_layers.items():
+            metrics[keys.grad_norm(layer)] = norm
+        for layer, (zero_frac, dead_frac, _) in self._fresh_acts.items():
+            metrics[keys.act_zero_frac(layer)] = zero_frac
+            metrics[keys.dead_unit_frac(layer)] = dead_frac
+        self._loss_sum, self._loss_n, self._fresh_acts = 0.0, 0, {}
+        self._last_logged = meta.step
+        for sink in self.sinks:
+            self._call_sink(sink, "log", meta.step, metrics)
+
+    # ------------------------------------------------------------------ events and failures
+    def _emit(self, event: Event) -> None:
+        self.events.append(event)
+        for sink in self.sinks:
+            self._call_sink(sink, "emit", event)
+
+    def _call_sink(self, sink: Sink, method: str, *args: Any) -> None:
+        try:
+            getattr(sink, method)(*args)
+        except Exception as exc:  # noqa: BLE001 - a sink must never break training
+            self._internal_error(f"{type(sink).__name__}.{method}", exc, skip_sink=sink)
+
+    def _guarded(self, fn: Callable) -> Callable:
+        """Wrap a hook so an exception in it is reported once and training goes on."""
+
+        @functools.wraps(fn)
+        def hook(*args: Any, **kwargs: Any) -> Any:
+            if self._closed:
+                return None
+            try:
+                return fn(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001
+                self._internal_error(getattr(fn, "__name__", "hook"), exc)
+                return None
+
+        return hook
+
+    def _internal_error(self, where: str, exc: BaseException, skip_sink: Sink | None = None) -> None:
+        if self.config.strict:
+            raise exc
+        if where in self._reported_errors:
+            return
+        self._reported_errors.add(where)
+        message = f"wbdebug's {where} failed ({type(exc).__name__}: {exc}); training continues without it."
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
+        event = Event(kind=EventKind.MONITOR_ERROR, severity="warning", step=self.step, message=message)
+        self.events.append(event)
+        for sink in self.sinks:
+            if sink is not skip_sink:
+                self._call_sink(sink, "emit", event)
+
+
+def _close_at_exit(ref: "weakref.ref[Monitor]") -> None:
+    monitor = ref()
+    if monitor is not None:
+        monitor.close()

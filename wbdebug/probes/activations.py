@@ -1,0 +1,134 @@
+"""Activation statistics — zero fraction, dead-unit fraction, non-finite flag — on sampled steps only.
+
+Measured at activation modules' outputs (``nn.ReLU`` …) and at the inputs of weight layers (Linear,
+Conv*), so a functional ``F.relu`` inside ``forward`` is seen too. Hooks are attached for a sampled
+step and removed right after (as Composer's activation monitor does): ordinary steps pay nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from wbdebug import keys
+
+#: Modules whose output is exactly zero for part of their domain.
+ZEROING_ACTIVATIONS = (nn.ReLU, nn.ReLU6, nn.Threshold, nn.Hardswish)
+#: Modules whose input is the previous layer's activation.
+WEIGHT_LAYERS = (nn.Linear, nn.Bilinear, nn.modules.conv._ConvNd)
+
+STATS_PER_LAYER = 3  # zero fraction, dead-unit fraction, non-finite flag
+
+
+def activation_stats(x: torch.Tensor, unit_dim: int) -> torch.Tensor:
+    """[fraction of zero elements, fraction of units zero for every sample, 1.0 if any value non-finite].
+
+    A unit is a feature (last dim) for dense activations and a channel (dim 1) for images; a unit is
+    dead when it is zero across the whole batch (and every position).
+    """
+    nonzero = x != 0
+    zero_frac = 1.0 - torch.count_nonzero(nonzero).float() / nonzero.numel()
+    if nonzero.ndim >= 2:
+        other = tuple(d for d in range(nonzero.ndim) if d != unit_dim % nonzero.ndim)
+        alive = nonzero.any(dim=other)
+    else:
+        alive = nonzero
+    dead_frac = 1.0 - alive.float().mean()
+    nonfinite = (~torch.isfinite(x).all()).float()
+    return torch.stack([zero_frac, dead_frac, nonfinite])
+
+
+def activation_layers(model: nn.Module) -> list[tuple[str, nn.Module, bool]]:
+    """(name, module, is_weight_layer) for every module whose activations are measured."""
+    out = []
+    for name, module in model.named_modules():
+        if isinstance(module, ZEROING_ACTIVATIONS):
+            out.append((keys.layer_name(name), module, False))
+        elif isinstance(module, WEIGHT_LAYERS):
+            out.append((keys.layer_name(name), module, True))
+    return out
+
+
+def _unit_dim(module: nn.Module, x: torch.Tensor) -> int:
+    if isinstance(module, nn.modules.conv._ConvNd):
+        return 1
+    if x.ndim in (4, 5):  # an activation module over images: channels
+        return 1
+    return -1
+
+
+class ActivationProbe:
+    """Attaches forward hooks for one sampled step; each writes its layer's stats into a buffer slot."""
+
+    def __init__(self, root: nn.Module, layers: list[tuple[str, nn.Module, bool]]) -> None:
+        self.root = root
+        self.layers = layers
+        self.names = [name for name, _, _ in layers]
+        self._handles: list[RemovableHandle] = []
+        self._out: torch.Tensor | None = None
+        self._guard: Callable = lambda fn: fn
+        self.order: list[int] = []
+        self._input_ptrs: set[int] = set()
+        self._measured_ptrs: set[int] = set()
+        self._recorded: set[int] = set()
+        self._done = False
+
+    @property
+    def width(self) -> int:
+        return STATS_PER_LAYER * len(self.layers)
+
+    @property
+    def attached(self) -> bool:
+        return bool(self._handles)
+
+    def attach(self, out: torch.Tensor, guard: Callable) -> None:
+        """Hook every layer for the next training forward; stats go to ``out`` (a 1-D device view)."""
+        self.detach()
+        self._out, self._guard, self._done = out, guard, False
+        self.order, self._input_ptrs, self._measured_ptrs, self._recorded = [], set(), set(), set()
+        self._handles.append(self.root.register_forward_pre_hook(guard(self._on_root_input)))
+        self._handles.append(self.root.register_forward_hook(guard(self._on_root_output)))
+        for i, (_, module, is_weight) in enumerate(self.layers):
+            if is_weight:
+                hook = guard(lambda m, args, i=i: self._record(i, m, args[0] if args else None, True))
+                self._handles.append(module.register_forward_pre_hook(hook))
+            else:
+                hook = guard(lambda m, args, output, i=i: self._record(i, m, output, False))
+                self._handles.append(module.register_forward_hook(hook))
+
+    def detach(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def _active(self) -> bool:
+        return not self._done and torch.is_grad_enabled()
+
+    def _on_root_input(self, module: nn.Module, args: tuple) -> None:
+        if not self._active():
+            return
+        # The model's raw input (pixels, one-hot features) is data, not an activation: zeros there are not dead units.
+        self._input_ptrs = {
+            a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor) and a.numel()
+        }
+
+    def _on_root_output(self, module: nn.Module, args: tuple, output: object) -> None:
+        if self._active():
+            self._done = True  # measure one training forward per sampled step
+
+    def _record(self, i: int, module: nn.Module, x: object, is_weight: bool) -> None:
+        if not self._active() or not isinstance(x, torch.Tensor) or not x.is_floating_point() or not x.numel():
+            return
+        if i in self._recorded:
+            return  # a module called twice in one forward (a shared nn.ReLU): its first use is measured
+        ptr = x.untyped_storage().data_ptr()
+        if is_weight and (ptr in self._input_ptrs or ptr in self._measured_ptrs):
+            return  # raw input, or the output of an activation module measured already
+        if not is_weight:
+            self._measured_ptrs.add(ptr)
+        self._out[STATS_PER_LAYER * i : STATS_PER_LAYER * (i + 1)].copy_(activation_stats(x.detach(), _unit_dim(module, x)))
+        self.order.append(i)
+        self._recorded.add(i)
