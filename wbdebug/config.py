@@ -42,6 +42,10 @@ class Config(BaseSettings):
     exploding_factor: float = Field(
         10.0, gt=1, description="Jump of the global gradient norm over its recent median that counts as exploding."
     )
+    exploding_tail: float = Field(
+        3.0, gt=0,
+        description="...widened to exp(this x the 90th-percentile log-excursion of recent norms) on noisy runs.",
+    )
     vanishing_ratio: float = Field(
         1e-5, gt=0, lt=1,
         description="Layer gradient norm below this fraction of the largest layer's counts as vanishing.",
@@ -50,6 +54,10 @@ class Config(BaseSettings):
         1e-12, ge=0, description="Absolute layer gradient norm counted as vanishing whatever the other layers do."
     )
     vanishing_steps: int = Field(5, ge=1, description="Consecutive steps a layer must vanish before an event.")
+
+    clear_steps: int = Field(
+        10, ge=1, description="Healthy steps before a gradient or loss condition counts as cleared (no flapping)."
+    )
 
     # --- activations ----------------------------------------------------------------------
     dead_fraction: float = Field(
@@ -63,8 +71,12 @@ class Config(BaseSettings):
     spike_factor: float = Field(
         2.0, gt=1, description="Loss above this multiple of its recent median can be a spike."
     )
-    spike_mads: float = Field(
-        8.0, gt=0, description="...and must also exceed the median by this many robust standard deviations."
+    spike_tail: float = Field(
+        3.0, gt=0,
+        description="...widened to exp(this x the 90th-percentile log-excursion of recent losses) on noisy runs.",
+    )
+    spike_min_rise: float = Field(
+        0.1, ge=0, description="...and must rise above the median by this fraction of the first loss (the loss's scale)."
     )
     initial_loss: bool = Field(True, description="Compare the first loss with an uninformed model's (log C).")
     initial_loss_warn_ratio: float = Field(

@@ -26,7 +26,7 @@ from wbdebug.config import Config
 from wbdebug.detectors import DeadActivationDetector, GradientDetector, LossDetector, StepStats
 from wbdebug.detectors.loss import CROSS_ENTROPY
 from wbdebug.events import Event, EventKind
-from wbdebug.probes.activations import STATS_PER_LAYER, ActivationProbe, activation_layers
+from wbdebug.probes.activations import ActivationProbe, activation_layers
 from wbdebug.probes.gradients import GradientProbe, parameterised_layers
 from wbdebug.probes.loss import (
     as_scalar_loss,
@@ -55,6 +55,7 @@ class _Row:
     loss_seen: bool = False
     layers: tuple[int, ...] = ()
     activations: list[int] | None = None
+    input_measured: bool = False
 
 
 @dataclass
@@ -125,13 +126,15 @@ class Monitor:
 
         self.loss_detector = LossDetector(
             history=config.history, warmup_steps=config.warmup_steps, spike_factor=config.spike_factor,
-            spike_mads=config.spike_mads, check_initial=config.initial_loss,
+            spike_tail=config.spike_tail, spike_min_rise=config.spike_min_rise, check_initial=config.initial_loss,
             initial_warn_ratio=config.initial_loss_warn_ratio, initial_error_ratio=config.initial_loss_error_ratio,
+            clear_steps=config.clear_steps,
         )
         self.grad_detector = GradientDetector(
             history=config.history, warmup_steps=config.warmup_steps, exploding_norm=config.exploding_norm,
-            exploding_factor=config.exploding_factor, vanishing_ratio=config.vanishing_ratio,
+            exploding_factor=config.exploding_factor, exploding_tail=config.exploding_tail, vanishing_ratio=config.vanishing_ratio,
             vanishing_floor=config.vanishing_floor, vanishing_steps=config.vanishing_steps,
+            clear_steps=config.clear_steps,
         )
         self.dead_detector = DeadActivationDetector(threshold=config.dead_fraction, samples=config.dead_samples)
         family = loss_family_of(criterion)
@@ -293,6 +296,7 @@ class Monitor:
         if self.acts is not None and self.acts.attached:
             if self.acts.order:
                 self._cur.activations = list(self.acts.order)
+            self._cur.input_measured = self.acts.input_measured
             self.acts.detach()
         self._rows.append(self._cur)
         self.step += 1
@@ -370,15 +374,12 @@ class Monitor:
             if meta.layers:
                 stats.grad_total = vals[self._g0]
                 stats.grad_layers = {layer_names[i]: vals[self._g0 + 1 + i] for i in meta.layers}
+            if meta.input_measured:
+                stats.input_nonfinite = vals[self._a0] > 0
             if meta.activations:
-                base = self._a0
+                slot = [self._a0 + self.acts.slot(i) for i in meta.activations]
                 stats.activations = {
-                    act_names[i]: (
-                        vals[base + STATS_PER_LAYER * i],
-                        vals[base + STATS_PER_LAYER * i + 1],
-                        vals[base + STATS_PER_LAYER * i + 2] > 0,
-                    )
-                    for i in meta.activations
+                    act_names[i]: (vals[s], vals[s + 1], vals[s + 2] > 0) for i, s in zip(meta.activations, slot)
                 }
                 self._fresh_acts.update(stats.activations)
             for detector in (self.loss_detector, self.grad_detector, self.dead_detector):

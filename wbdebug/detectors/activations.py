@@ -14,11 +14,11 @@ def is_dead(zero_fraction: float, dead_unit_fraction: float, threshold: float) -
 class DeadActivationDetector:
     """Raises ``dead_activations`` for a layer dead on ``samples`` consecutive activation samples."""
 
-    def __init__(self, *, threshold: float = 0.9, samples: int = 3) -> None:
+    def __init__(self, *, threshold: float = 0.9, samples: int = 3, clear_samples: int = 2) -> None:
         self.threshold = threshold
         self.samples = samples
         self.dead_run: dict[str, int] = {}
-        self.conditions = ConditionTracker()
+        self.conditions = ConditionTracker(clear_samples)
 
     def observe(self, stats: StepStats) -> list[Event]:
         if not stats.activations:

@@ -22,11 +22,31 @@ class StepStats:
     grad_layers: dict[str, float] = field(default_factory=dict)
     #: layer -> (zero fraction, dead-unit fraction, non-finite flag); forward order; sampled steps only.
     activations: dict[str, tuple[float, float, bool]] | None = None
+    #: whether the model's input batch held NaN/Inf (sampled steps only).
+    input_nonfinite: bool | None = None
 
 
 def is_finite(x: float | None) -> bool:
     """True for a real, finite number."""
     return x is not None and math.isfinite(x)
+
+
+def jump_threshold(values: list[float], factor: float, tail: float) -> float:
+    """Level above which a new value jumps out of its recent history.
+
+    At least ``factor`` × the median, widened to exp(``tail`` × the 90th percentile of log(value/median)):
+    a converged classifier's per-batch loss and gradient norm are heavy-tailed (a few hard samples
+    make 3–10× excursions; measured on the healthy test models), while a large-batch LM's are not,
+    so a fixed multiple alone is either blind on one or noisy on the other. Non-positive medians
+    (losses that can go negative) fall back to median + max(8 robust std, (factor-1)·|median|).
+    """
+    med = statistics.median(values)
+    if med <= 0:
+        spread = 1.4826 * statistics.median(abs(v - med) for v in values)
+        return med + max(8.0 * spread, (factor - 1.0) * abs(med))
+    excursions = sorted(math.log(v / med) for v in values if v > 0)
+    q90 = excursions[int(0.9 * (len(excursions) - 1))] if excursions else 0.0
+    return med * max(factor, math.exp(tail * max(q90, 0.0)))
 
 
 class RollingWindow:
@@ -49,6 +69,10 @@ class RollingWindow:
         m = self.median()
         return 1.4826 * statistics.median(abs(v - m) for v in self.values)
 
+    def jump_threshold(self, factor: float, tail: float) -> float:
+        """See :func:`jump_threshold`."""
+        return jump_threshold(list(self.values), factor, tail)
+
     def state_dict(self) -> dict:
         return {"values": list(self.values), "size": self.values.maxlen}
 
@@ -59,8 +83,10 @@ class RollingWindow:
 class ConditionTracker:
     """Turns a per-step verdict into events: one when a condition starts, one when it worsens, one when it clears."""
 
-    def __init__(self) -> None:
+    def __init__(self, clear_after: int = 1) -> None:
         self.active: dict[tuple[str, str | None], str] = {}
+        self.clear_after = clear_after
+        self.absent: dict[tuple[str, str | None], int] = {}
 
     def update(
         self,
@@ -78,7 +104,12 @@ class ConditionTracker:
         if severity is None:
             if previous is None:
                 return []
+            # Hysteresis: a condition that flaps (explode, recover, explode) is one incident, not many.
+            self.absent[key] = self.absent.get(key, 0) + 1
+            if self.absent[key] < self.clear_after:
+                return []
             del self.active[key]
+            del self.absent[key]
             where = f" in {layer}" if layer else ""
             return [
                 Event(
@@ -86,6 +117,7 @@ class ConditionTracker:
                     message=clear_message or f"{kind.value}{where} has cleared.",
                 )
             ]
+        self.absent.pop(key, None)
         if previous is not None and SEVERITY_RANK[severity] <= SEVERITY_RANK[previous]:
             return []
         self.active[key] = severity
@@ -95,7 +127,11 @@ class ConditionTracker:
         return (kind.value, layer) in self.active
 
     def state_dict(self) -> dict:
-        return {"active": [[k, layer, s] for (k, layer), s in self.active.items()]}
+        return {
+            "active": [[k, layer, s] for (k, layer), s in self.active.items()],
+            "absent": [[k, layer, n] for (k, layer), n in self.absent.items()],
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.active = {(k, layer): s for k, layer, s in state["active"]}
+        self.absent = {(k, layer): n for k, layer, n in state.get("absent", [])}

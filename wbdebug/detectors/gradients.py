@@ -8,21 +8,16 @@ from wbdebug.events import Event, EventKind
 _EMA = 0.1
 
 
-def vanishing_layers(
-    grad_layers: dict[str, float], ratio: float, floor: float, ever_nonzero: set[str]
-) -> list[str]:
+def vanishing_layers(grad_layers: dict[str, float], ratio: float, floor: float) -> list[str]:
     """Layers whose gradient norm collapsed: under ``floor``, or under ``ratio`` × the largest layer's.
 
-    A layer whose gradient has been exactly zero since monitoring started never had a gradient to lose
-    (an unused branch, a buffer-like parameter) and is not reported.
+    Only layers that received a gradient are passed in: frozen and unused parameters (``grad is None``)
+    are never counted as vanishing.
     """
     if not grad_layers:
         return []
     largest = max(grad_layers.values())
-    return [
-        layer for layer, norm in grad_layers.items()
-        if layer in ever_nonzero and (norm < floor or norm < ratio * largest)
-    ]
+    return [layer for layer, norm in grad_layers.items() if norm < floor or norm < ratio * largest]
 
 
 class GradientDetector:
@@ -35,21 +30,23 @@ class GradientDetector:
         warmup_steps: int = 20,
         exploding_norm: float = 1e4,
         exploding_factor: float = 10.0,
+        exploding_tail: float = 3.0,
         vanishing_ratio: float = 1e-5,
         vanishing_floor: float = 1e-12,
         vanishing_steps: int = 5,
+        clear_steps: int = 10,
     ) -> None:
         self.window = RollingWindow(history)
         self.warmup_steps = warmup_steps
         self.exploding_norm = exploding_norm
         self.exploding_factor = exploding_factor
+        self.exploding_tail = exploding_tail
         self.vanishing_ratio = vanishing_ratio
         self.vanishing_floor = vanishing_floor
         self.vanishing_steps = vanishing_steps
         self.layer_ema: dict[str, float] = {}
-        self.ever_nonzero: set[str] = set()
         self.vanishing_run = 0
-        self.conditions = ConditionTracker()
+        self.conditions = ConditionTracker(clear_steps)
 
     def observe(self, stats: StepStats) -> list[Event]:
         if not stats.grad_layers:
@@ -60,8 +57,6 @@ class GradientDetector:
         events += self._exploding(stats)
         events += self._vanishing(stats)
         for layer, norm in stats.grad_layers.items():
-            if norm > 0:
-                self.ever_nonzero.add(layer)
             prev = self.layer_ema.get(layer)
             self.layer_ema[layer] = norm if prev is None else (1 - _EMA) * prev + _EMA * norm
         return events
@@ -93,8 +88,7 @@ class GradientDetector:
         if total > self.exploding_norm:
             severity = "error"
         if len(self.window) >= self.warmup_steps:
-            median = self.window.median()
-            jump = self.exploding_factor * median
+            jump = self.window.jump_threshold(self.exploding_factor, self.exploding_tail)
             if severity is None and total > jump > 0:
                 severity, threshold = "warning", jump
             # An explosion must not become its own baseline.
@@ -126,7 +120,7 @@ class GradientDetector:
     def _vanishing(self, stats: StepStats) -> list[Event]:
         if stats.loss == 0.0:  # a perfect fit has no gradient to lose
             return []
-        layers = vanishing_layers(stats.grad_layers, self.vanishing_ratio, self.vanishing_floor, self.ever_nonzero)
+        layers = vanishing_layers(stats.grad_layers, self.vanishing_ratio, self.vanishing_floor)
         self.vanishing_run = self.vanishing_run + 1 if layers else 0
         severity = "warning" if self.vanishing_run >= self.vanishing_steps else None
         if layers and severity is None and self.conditions.is_active(EventKind.VANISHING_GRADIENTS):
@@ -152,7 +146,6 @@ class GradientDetector:
         return {
             "window": self.window.state_dict(),
             "layer_ema": dict(self.layer_ema),
-            "ever_nonzero": sorted(self.ever_nonzero),
             "vanishing_run": self.vanishing_run,
             "conditions": self.conditions.state_dict(),
         }
@@ -160,6 +153,5 @@ class GradientDetector:
     def load_state_dict(self, state: dict) -> None:
         self.window.load_state_dict(state["window"])
         self.layer_ema = dict(state["layer_ema"])
-        self.ever_nonzero = set(state["ever_nonzero"])
         self.vanishing_run = state["vanishing_run"]
         self.conditions.load_state_dict(state["conditions"])

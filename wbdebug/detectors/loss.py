@@ -36,15 +36,6 @@ def initial_loss_severity(measured: float, expected: float, warn_ratio: float, e
     return None
 
 
-def loss_spike_threshold(median: float, robust_std: float, factor: float, mads: float) -> float:
-    """Loss above which a step is a spike: far above the recent median in both relative and noise terms.
-
-    Requiring both keeps minibatch noise (large robust std) and a converged, tiny loss (small median,
-    relatively noisy) from firing, while a corrupted batch clears both bars at once.
-    """
-    return median + max(mads * robust_std, (factor - 1.0) * abs(median))
-
-
 class LossDetector:
     """Raises ``nonfinite_loss``, ``loss_spike`` and ``initial_loss``."""
 
@@ -54,20 +45,24 @@ class LossDetector:
         history: int = 50,
         warmup_steps: int = 20,
         spike_factor: float = 2.0,
-        spike_mads: float = 8.0,
+        spike_tail: float = 3.0,
+        spike_min_rise: float = 0.1,
         check_initial: bool = True,
         initial_warn_ratio: float = 1.5,
         initial_error_ratio: float = 3.0,
+        clear_steps: int = 10,
     ) -> None:
         self.window = RollingWindow(history)
         self.warmup_steps = warmup_steps
         self.spike_factor = spike_factor
-        self.spike_mads = spike_mads
+        self.spike_tail = spike_tail
+        self.spike_min_rise = spike_min_rise
+        self.first_loss: float | None = None
         self.check_initial = check_initial
         self.initial_warn_ratio = initial_warn_ratio
         self.initial_error_ratio = initial_error_ratio
         self.initial_checked = False
-        self.conditions = ConditionTracker()
+        self.conditions = ConditionTracker(clear_steps)
         self.loss_family: str | None = None
         self.num_classes: int | None = None
 
@@ -96,6 +91,7 @@ class LossDetector:
             return events
         if not self.initial_checked:
             self.initial_checked = True
+            self.first_loss = loss
             events += self._initial(loss, step)
         events += self._spike(loss, step)
         return events
@@ -123,7 +119,9 @@ class LossDetector:
             self.window.append(loss)
             return []
         median = self.window.median()
-        threshold = loss_spike_threshold(median, self.window.robust_std(), self.spike_factor, self.spike_mads)
+        # A spike is also large on the loss's own scale: a converged model's 0.03 -> 0.1 blip is noise.
+        rise = self.spike_min_rise * abs(self.first_loss or 0.0)
+        threshold = max(self.window.jump_threshold(self.spike_factor, self.spike_tail), median + rise)
         spiking = loss > threshold
         # A spike must not become its own baseline; a lasting new level enters the window slowly.
         self.window.append(min(loss, threshold))
@@ -143,17 +141,25 @@ class LossDetector:
         return {
             "window": self.window.state_dict(),
             "initial_checked": self.initial_checked,
+            "first_loss": self.first_loss,
             "conditions": self.conditions.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
         self.window.load_state_dict(state["window"])
         self.initial_checked = state["initial_checked"]
+        self.first_loss = state.get("first_loss")
         self.conditions.load_state_dict(state["conditions"])
 
 
+INPUT = "(input)"
+
+
 def _first_nonfinite_layer(stats: StepStats) -> str | None:
-    """The first layer, in forward order, whose activation was non-finite; else in parameter order by gradient."""
+    """Where non-finite values start: the model's input batch, else the first layer in forward order whose
+    activation was non-finite (sampled steps), else the first layer in parameter order whose gradient was."""
+    if stats.input_nonfinite:
+        return INPUT
     for layer, (_, _, nonfinite) in (stats.activations or {}).items():
         if nonfinite:
             return layer
@@ -165,4 +171,6 @@ def _first_nonfinite_layer(stats: StepStats) -> str | None:
 
 def _where(stats: StepStats) -> str:
     layer = _first_nonfinite_layer(stats)
+    if layer == INPUT:
+        return "; the model's input batch already holds NaN/Inf (a corrupt sample or a broken transform)"
     return f"; the first non-finite values appear in {layer}" if layer else ""

@@ -69,6 +69,7 @@ class ActivationProbe:
         self.names = [name for name, _, _ in layers]
         self._handles: list[RemovableHandle] = []
         self._out: torch.Tensor | None = None
+        self.input_measured = False
         self._guard: Callable = lambda fn: fn
         self.order: list[int] = []
         self._input_ptrs: set[int] = set()
@@ -78,7 +79,12 @@ class ActivationProbe:
 
     @property
     def width(self) -> int:
-        return STATS_PER_LAYER * len(self.layers)
+        """Buffer columns: the input's non-finite flag, then STATS_PER_LAYER per layer."""
+        return 1 + STATS_PER_LAYER * len(self.layers)
+
+    def slot(self, i: int) -> int:
+        """First buffer column (within this probe's region) of layer ``i``."""
+        return 1 + STATS_PER_LAYER * i
 
     @property
     def attached(self) -> bool:
@@ -89,6 +95,7 @@ class ActivationProbe:
         self.detach()
         self._out, self._guard, self._done = out, guard, False
         self.order, self._input_ptrs, self._measured_ptrs, self._recorded = [], set(), set(), set()
+        self.input_measured = False
         self._handles.append(self.root.register_forward_pre_hook(guard(self._on_root_input)))
         self._handles.append(self.root.register_forward_hook(guard(self._on_root_output)))
         for i, (_, module, is_weight) in enumerate(self.layers):
@@ -111,9 +118,13 @@ class ActivationProbe:
         if not self._active():
             return
         # The model's raw input (pixels, one-hot features) is data, not an activation: zeros there are not dead units.
-        self._input_ptrs = {
-            a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor) and a.numel()
-        }
+        tensors = [a for a in args if isinstance(a, torch.Tensor) and a.numel()]
+        self._input_ptrs = {a.untyped_storage().data_ptr() for a in tensors}
+        floats = [a.detach() for a in tensors if a.is_floating_point()]
+        if floats:
+            flags = torch.stack([~torch.isfinite(a).all() for a in floats])
+            self._out[0:1].copy_(flags.any().float().reshape(1))
+            self.input_measured = True
 
     def _on_root_output(self, module: nn.Module, args: tuple, output: object) -> None:
         if self._active():
@@ -129,6 +140,7 @@ class ActivationProbe:
             return  # raw input, or the output of an activation module measured already
         if not is_weight:
             self._measured_ptrs.add(ptr)
-        self._out[STATS_PER_LAYER * i : STATS_PER_LAYER * (i + 1)].copy_(activation_stats(x.detach(), _unit_dim(module, x)))
+        start = self.slot(i)
+        self._out[start : start + STATS_PER_LAYER].copy_(activation_stats(x.detach(), _unit_dim(module, x)))
         self.order.append(i)
         self._recorded.add(i)

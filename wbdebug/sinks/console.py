@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from wbdebug.events import Event
@@ -21,9 +22,9 @@ class ConsoleSink:
 
     def emit(self, event: Event) -> None:
         style = _STYLE[event.severity]
-        self.console.print(f"[{style}]wbdebug {event.headline()}[/]: {event.message}", markup=True, soft_wrap=True)
+        self.console.print(f"[{style}]wbdebug {escape(event.headline())}[/]: {escape(event.message)}", soft_wrap=True)
         if not event.cleared and event.severity != "info":
-            self.console.print(f"  [dim]fix:[/] {event.fix}", soft_wrap=True)
+            self.console.print(f"  [dim]fix:[/] {escape(event.fix)}", soft_wrap=True)
 
     def close(self, events: list[Event]) -> None:
         self.console.print(summary_table(events))
@@ -47,5 +48,5 @@ def summary_table(events: list[Event]) -> Table:
     if not rows:
         table.add_row("healthy: no events", "", "", "", "")
     for (kind, layer), (sev, first, count) in rows.items():
-        table.add_row(kind, layer, f"[{_STYLE[sev]}]{sev}[/]", str(first), str(count))
+        table.add_row(escape(kind), escape(layer), f"[{_STYLE[sev]}]{sev}[/]", str(first), str(count))
     return table
