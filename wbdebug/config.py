@@ -22,6 +22,7 @@ class Config(BaseSettings):
         env_file_encoding="utf-8",
         extra="ignore",
         validate_assignment=True,
+        env_ignore_empty=True,
     )
 
     # --- schedule -------------------------------------------------------------------------
