@@ -25,6 +25,7 @@ def watch(
     run: Any = None,
     config: Config | None = None,
     sinks: list[Sink] | None = None,
+    scaler: Any = None,
     **settings: Any,
 ) -> Monitor:
     """Watch a model's training: one line added before an existing loop, no other change.
@@ -39,6 +40,8 @@ def watch(
         run: the W&B run to log to; default ``wandb.run``, else wbdebug starts one (offline without an API key).
         config: a :class:`Config`; ``**settings`` override single fields (``log_every=10``).
         sinks: extra sinks (e.g. :class:`MemorySink`) besides W&B, the journal and the console.
+        scaler: the ``torch.amp.GradScaler`` of a mixed-precision loop, so gradient norms are reported
+            unscaled and skipped steps are counted as ``amp_overflow``, not ``nonfinite_grad``.
 
     Returns:
         The :class:`Monitor`; call ``close()`` at the end, or use it as a context manager.
@@ -74,7 +77,9 @@ def watch(
         raise TypeError(f"run must be a wandb Run (from wandb.init()), got {type(run).__name__}")
     if sinks is not None and (not isinstance(sinks, (list, tuple)) or not all(isinstance(s, Sink) for s in sinks)):
         raise TypeError("sinks must be a list of objects with log(), emit() and close() methods")
+    if scaler is not None and not (hasattr(scaler, "_get_scale_async") and hasattr(scaler, "is_enabled")):
+        raise TypeError(f"scaler must be a torch.amp.GradScaler, got {type(scaler).__name__}")
     return Monitor(
         model, optimizer, criterion, num_classes=num_classes, run=run, config=cfg,
-        sinks=list(sinks) if sinks else None,
+        sinks=list(sinks) if sinks else None, scaler=scaler,
     )

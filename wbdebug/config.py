@@ -85,6 +85,15 @@ class Config(BaseSettings):
     )
     initial_loss_error_ratio: float = Field(3.0, gt=1, description="...this many times, an error.")
 
+    # --- distributed and mixed precision -------------------------------------------------
+    rank_zero_only: bool = Field(True, description="Under torch.distributed, only rank 0 writes to W&B, the journal and the console.")
+    rank_loss_factor: float = Field(
+        3.0, gt=1, description="A rank whose interval loss or gradient norm is this many times off the ranks' median diverges."
+    )
+    amp_min_scale: float = Field(
+        1.0, gt=0, description="A GradScaler scale below this means overflow is persistent (the scale collapsed from 65536)."
+    )
+
     # --- sinks ----------------------------------------------------------------------------
     wandb: bool = Field(True, description="Log metrics, alerts and the events table to Weights & Biases.")
     wandb_project: str = Field("wbdebug", description="Project for the run wbdebug starts when none is active.")

@@ -29,6 +29,9 @@ class EventKind(str, Enum):
     VAL_AUGMENTATION = "val_augmentation"
     SPLIT_OVERLAP = "split_overlap"
     CLASS_IMBALANCE = "class_imbalance"
+    # distributed and mixed precision
+    RANK_DIVERGENCE = "rank_divergence"
+    AMP_OVERFLOW = "amp_overflow"
     # the monitor's own health
     MONITOR_ERROR = "monitor_error"
 
@@ -93,6 +96,14 @@ FIXES: dict[EventKind, str] = {
     ),
     EventKind.CLASS_IMBALANCE: (
         "Use a class-weighted loss or a balanced sampler, and report per-class metrics."
+    ),
+    EventKind.RANK_DIVERGENCE: (
+        "Replicas must stay identical: check that every rank loads the same checkpoint and seed, that no "
+        "rank skips optimizer.step() or runs under no_sync() alone, and inspect the named rank's data shard."
+    ),
+    EventKind.AMP_OVERFLOW: (
+        "Occasional skipped steps are GradScaler working as designed. If the scale keeps collapsing, lower "
+        "the learning rate, check for inf-producing ops under autocast, or train in bfloat16."
     ),
     EventKind.MONITOR_ERROR: (
         "wbdebug's own failure: training goes on; please report it with the message."

@@ -24,6 +24,10 @@ from torch.utils.hooks import RemovableHandle
 from wbdebug import keys
 from wbdebug.config import Config
 from wbdebug.detectors import DeadActivationDetector, GradientDetector, LossDetector, StepStats
+from wbdebug.detectors.amp import AmpDetector
+from wbdebug.detectors.base import is_finite
+from wbdebug.detectors.ranks import RankDetector
+from wbdebug.distributed import gather_packets, is_fsdp, world
 from wbdebug.detectors.loss import CROSS_ENTROPY
 from wbdebug.events import Event, EventKind
 from wbdebug.probes.activations import ActivationProbe, activation_layers
@@ -56,6 +60,7 @@ class _Row:
     layers: tuple[int, ...] = ()
     activations: list[int] | None = None
     input_measured: bool = False
+    amp: bool = False
 
 
 @dataclass
@@ -66,11 +71,19 @@ class _Pending:
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
-    """The user's own module inside DistributedDataParallel / DataParallel, so layer names carry no ``module.``."""
-    wrappers = (nn.DataParallel, nn.parallel.DistributedDataParallel)
-    while isinstance(model, wrappers):
-        model = model.module
-    return model
+    """The user's own module inside DDP / DataParallel / torch.compile, so layer names carry no ``module.``."""
+    while True:
+        if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+            model = model.module
+        elif is_compiled(model):
+            model = model._orig_mod
+        else:
+            return model
+
+
+def is_compiled(model: nn.Module) -> bool:
+    """True for the wrapper ``torch.compile(model)`` returns."""
+    return type(model).__name__ == "OptimizedModule" and hasattr(model, "_orig_mod")
 
 
 class Monitor:
@@ -86,9 +99,12 @@ class Monitor:
         run: Any = None,
         config: Config,
         sinks: list[Sink] | None = None,
+        scaler: Any = None,
     ) -> None:
         self.config = config
         self.model = unwrap_model(model)
+        self.scaler = scaler
+        self.rank, self.world_size = world()
         self.optimizer = optimizer
         self.criterion = criterion
         self.num_classes = num_classes
@@ -103,8 +119,9 @@ class Monitor:
         self.grads = GradientProbe(layers)
         self.acts = ActivationProbe(self.model, activation_layers(self.model)) if config.activations else None
         device = next(self.model.parameters()).device
-        self._g0 = 1
-        self._a0 = 1 + self.grads.width
+        # Buffer columns: loss, AMP overflow count, AMP scale, gradient norms, activation statistics.
+        self._g0 = 3
+        self._a0 = self._g0 + self.grads.width
         width = self._a0 + (self.acts.width if self.acts else 0)
         self._buf = torch.full((config.check_every, width), math.nan, device=device)
         self._pinned: list[torch.Tensor] = []
@@ -123,6 +140,10 @@ class Monitor:
         self._next_pinned = 0
         self.journal_path: Path | None = None
         self._fresh_acts: dict[str, tuple[float, float, bool]] = {}
+        self._compiled_seen = False
+        self.amp_overflows = 0
+        self.rank_detector = RankDetector(loss_factor=config.rank_loss_factor)
+        self.amp_detector = AmpDetector(min_scale=config.amp_min_scale)
 
         self.loss_detector = LossDetector(
             history=config.history, warmup_steps=config.warmup_steps, spike_factor=config.spike_factor,
@@ -148,6 +169,14 @@ class Monitor:
         _ACTIVE[self.model] = self
 
         self.run = None
+        if is_compiled(model) and self.acts is not None:
+            self._disable_activations("the model is compiled with torch.compile")
+        if is_fsdp(model):
+            warnings.warn(
+                "wbdebug: FullyShardedDataParallel is not supported yet: gradient norms are of each rank's "
+                "local shard and activation statistics are off", RuntimeWarning, stacklevel=3,
+            )
+            self.acts = None
         self._open_sinks(run, sinks)
         self._attach_hooks()
         self._schedule_activations()
@@ -157,6 +186,9 @@ class Monitor:
     # ------------------------------------------------------------------ set-up
     def _open_sinks(self, run: Any, extra: list[Sink] | None) -> None:
         cfg = self.config
+        if cfg.rank_zero_only and self.rank != 0:
+            self.sinks.extend(extra or [])
+            return  # every rank detects; only rank 0 writes to W&B, the journal and the console
         if cfg.wandb:
             import wandb
 
@@ -236,6 +268,9 @@ class Monitor:
 
     # ------------------------------------------------------------------ hooks
     def _on_model_output(self, module: nn.Module, args: tuple, output: object) -> None:
+        if torch.compiler.is_compiling():
+            self._compiled_seen = True  # inside a compiled graph: stay out of it, the criterion hook still works
+            return
         if not torch.is_grad_enabled():
             return
         loss = find_loss_in_output(output)
@@ -254,7 +289,12 @@ class Monitor:
     def _on_output_grad(self, grad: torch.Tensor) -> None:
         if not self._backward_queued:
             self._backward_queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._guarded(self._on_backward_end))
+            torch.autograd.Variable._execution_engine.queue_callback(self._guarded(self._requeue_backward_end))
+
+    def _requeue_backward_end(self) -> None:
+        # Queued when backward starts, this runs before callbacks queued later in the same backward —
+        # DDP's gradient all-reduce finalisation among them. Re-queueing puts the measurement after them.
+        torch.autograd.Variable._execution_engine.queue_callback(self._guarded(self._on_backward_end))
 
     def _on_backward_end(self) -> None:
         """Runs once backward has finished: every gradient exists, none is clipped yet."""
@@ -267,6 +307,7 @@ class Monitor:
         if not isinstance(output, torch.Tensor) or not output.requires_grad:
             return  # evaluation under no_grad is not the training loss
         self._losses.setdefault(_CRITERION, []).append(as_scalar_loss(output))
+        output.register_hook(self._guarded(self._on_output_grad))
         if not self._loss_described:
             self._loss_described = True
             if self.num_classes is None and args and isinstance(args[0], torch.Tensor):
@@ -281,31 +322,55 @@ class Monitor:
 
     def _measure_grads(self) -> None:
         row = self._row()
-        self._cur.layers = self.grads.measure(row[self._g0 : self._a0])
+        scale = self.scaler._get_scale_async() if self.scaler is not None and self.scaler.is_enabled() else None
+        self._cur.layers = self.grads.measure(row[self._g0 : self._a0], scale)
+        if scale is not None and self._cur.layers:
+            # GradScaler skips optimizer.step() on inf/NaN gradients: count those backward passes on the device.
+            if not self._grads_measured:
+                row[1] = 0.0
+            row[1] += (~torch.isfinite(row[self._g0])).float()
+            row[2] = scale.reshape(())
         self._grads_measured = True
 
     def _commit(self) -> None:
         """Close the current step: loss into the buffer, activation hooks off, read back when the buffer is full."""
-        if not self._grads_measured:
-            self._measure_grads()  # backward did not flow through the model's output; measure now
-        row = self._row()
-        losses = self._take_losses()
-        if losses:
-            row[0] = torch.stack(losses).mean() if len(losses) > 1 else losses[0]
-            self._cur.loss_seen = True
-        if self.acts is not None and self.acts.attached:
-            if self.acts.order:
-                self._cur.activations = list(self.acts.order)
-            self._cur.input_measured = self.acts.input_measured
-            self.acts.detach()
-        self._rows.append(self._cur)
-        self.step += 1
-        self._cur = _Row(step=self.step)
-        self._grads_measured = False
-        if len(self._rows) == self.config.check_every:
-            self._read_back()
+        try:
+            if not self._grads_measured:
+                self._measure_grads()  # backward did not flow through a hooked output; measure now
+            row = self._row()
+            losses = self._take_losses()
+            if losses:
+                row[0] = torch.stack(losses).mean() if len(losses) > 1 else losses[0]
+                self._cur.loss_seen = True
+            if self.acts is not None and self.acts.attached:
+                if self.acts.order:
+                    self._cur.activations = list(self.acts.order)
+                self._cur.input_measured = self.acts.input_measured
+                self.acts.detach()
+            self._cur.amp = self.scaler is not None and self.scaler.is_enabled()
+        finally:
+            # Whatever failed above, the step clock and the read-back (a collective under DDP) stay in
+            # lockstep on every rank: a rank that skipped it would leave the others waiting forever.
+            self._rows.append(self._cur)
+            self.step += 1
+            self._cur = _Row(step=self.step)
+            self._grads_measured = False
+            if len(self._rows) == self.config.check_every:
+                self._read_back(collective=True)
         self._poll()
+        if self._compiled_seen and self.acts is not None:
+            self._disable_activations("the model runs inside a torch.compile graph")
         self._schedule_activations()
+
+    def _disable_activations(self, why: str) -> None:
+        if self.acts is not None:
+            self.acts.detach()
+        self.acts = None
+        self._emit(Event(
+            kind=EventKind.MONITOR_ERROR, severity="info", step=self.step,
+            message=f"Activation statistics are off: {why}, and hooks inside a compiled graph would break "
+                    "it; loss, gradient norms and non-finite checks continue.",
+        ))
 
     def _take_losses(self) -> list[torch.Tensor]:
         for source in (_OBSERVED, _CRITERION, _MODEL_OUTPUT):
@@ -320,19 +385,32 @@ class Monitor:
             self.acts.attach(self._row()[self._a0 :], self._guarded)
 
     # ------------------------------------------------------------------ read-back
-    def _read_back(self) -> None:
+    def _read_back(self, collective: bool = False) -> None:
+        """Copy the interval's rows to the host — the one sync point — and judge them.
+
+        Under torch.distributed (and ``collective``), every rank's rows plus its parameter norm travel in
+        one all-gather first, so each rank judges all ranks' numbers alike.
+        """
         rows, self._rows = self._rows, []
         if not rows:
             return
         n = len(rows)
+        packet = self._buf[:n].reshape(-1)
+        if collective and self.world_size > 1:
+            params = [p.detach() for p in self.grads.params]
+            param_norm = torch.stack(torch._foreach_norm(params, 2, dtype=torch.float32)).norm()
+            packet = gather_packets(torch.cat([packet, param_norm.to(packet.device).reshape(1)]), self.world_size)
+        else:
+            packet = packet.reshape(1, -1)
         if not self._pinned:
-            self._process(self._buf[:n].clone(), rows)
+            self._process(packet.clone(), rows)
             return
         if len(self._pending) == len(self._pinned):
             self._drain(block=True, limit=1)  # the GPU is two intervals behind: wait for the oldest copy
         self._next_pinned = (self._next_pinned + 1) % len(self._pinned)
-        view = self._pinned[self._next_pinned][:n]
-        view.copy_(self._buf[:n], non_blocking=True)  # sync point (asynchronous: read when the event completes)
+        host = self._pinned[self._next_pinned]
+        view = host.reshape(-1)[: packet.numel()].view(packet.shape)
+        view.copy_(packet, non_blocking=True)  # sync point (asynchronous: read when the event completes)
         ready = torch.cuda.Event()
         ready.record()
         self._pending.append(_Pending(view, ready, rows))
@@ -360,17 +438,40 @@ class Monitor:
         if last is not None and self._last_logged != last.step:
             self._log_row(last, self._final_values)
 
-    def _process(self, host: torch.Tensor, rows: list[_Row]) -> None:
-        """Judge each step's numbers on the host, in step order, and log the rows that are due."""
-        values = host.tolist()
+    def _process(self, packets: torch.Tensor, rows: list[_Row]) -> None:
+        """Judge each step's numbers on the host, in step order, and log the rows that are due.
+
+        ``packets`` is [ranks, n × width (+ 1 parameter norm when gathered)]; this rank's row is judged,
+        with non-finite losses and activation statistics taken across ranks.
+        """
+        n, width = len(rows), self._buf.shape[1]
+        ranks = packets.shape[0]
+        per_rank = packets[:, : n * width].reshape(ranks, n, width)
+        local = per_rank[self.rank if ranks > 1 else 0]
+        values = local.tolist()
+        all_losses = per_rank[:, :, 0].tolist()
+        mean_rows = per_rank.mean(0).tolist() if ranks > 1 else values
         layer_names = self.grads.layer_names
         act_names = self.acts.names if self.acts else []
-        for meta, vals in zip(rows, values):
+        rank_losses: list[list[float]] = [[] for _ in range(ranks)]
+        rank_grads: list[list[float]] = [[] for _ in range(ranks)]
+        for i, (meta, vals) in enumerate(zip(rows, values)):
             stats = StepStats(step=meta.step)
             if meta.loss_seen:
                 stats.loss = vals[0]
+                if ranks > 1:
+                    bad = [r for r in range(ranks) if not is_finite(all_losses[r][i])]
+                    if bad:
+                        stats.loss = all_losses[bad[0]][i]
+                        stats.nonfinite_ranks = bad
+                    for r in range(ranks):
+                        rank_losses[r].append(all_losses[r][i])
+                        rank_grads[r].append(per_rank[r, i, self._g0].item() if meta.layers else math.nan)
                 self._loss_sum += vals[0]
                 self._loss_n += 1
+            if meta.amp:
+                stats.amp_overflows, stats.amp_scale = int(vals[1]), vals[2]
+                self.amp_overflows += stats.amp_overflows
             if meta.layers:
                 stats.grad_total = vals[self._g0]
                 stats.grad_layers = {layer_names[i]: vals[self._g0 + 1 + i] for i in meta.layers}
@@ -378,16 +479,24 @@ class Monitor:
                 stats.input_nonfinite = vals[self._a0] > 0
             if meta.activations:
                 slot = [self._a0 + self.acts.slot(i) for i in meta.activations]
+                mean = mean_rows[i]  # activation statistics are averaged over ranks
                 stats.activations = {
-                    act_names[i]: (vals[s], vals[s + 1], vals[s + 2] > 0) for i, s in zip(meta.activations, slot)
+                    act_names[k]: (mean[s], mean[s + 1], mean[s + 2] > 0) for k, s in zip(meta.activations, slot)
                 }
                 self._fresh_acts.update(stats.activations)
-            for detector in (self.loss_detector, self.grad_detector, self.dead_detector):
+            for detector in (self.loss_detector, self.grad_detector, self.dead_detector, self.amp_detector):
                 for event in detector.observe(stats):
                     self._emit(event)
             self._last_processed, self._final_values = meta, stats
             if meta.step % self.config.log_every == 0:
                 self._log_row(meta, stats)
+        if ranks > 1 and packets.shape[1] > n * width:
+            param_norms = packets[:, n * width].tolist()
+            for event in self.rank_detector.observe(
+                rows[-1].step, [_finite_mean(v) for v in rank_losses], [_finite_mean(v) for v in rank_grads],
+                param_norms,
+            ):
+                self._emit(event)
 
     def _log_row(self, meta: _Row, stats: StepStats) -> None:
         metrics: dict[str, float] = {}
@@ -445,6 +554,11 @@ class Monitor:
         for sink in self.sinks:
             if sink is not skip_sink:
                 self._call_sink(sink, "emit", event)
+
+
+def _finite_mean(values: list[float]) -> float:
+    finite = [v for v in values if is_finite(v)]
+    return sum(finite) / len(finite) if finite else math.nan
 
 
 def _close_at_exit(ref: "weakref.ref[Monitor]") -> None:

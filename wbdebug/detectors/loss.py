@@ -83,7 +83,7 @@ class LossDetector:
             lambda sev: Event(
                 kind=EventKind.NONFINITE_LOSS, severity=sev, step=step, value=loss,
                 layer=_first_nonfinite_layer(stats),
-                message=f"The loss is {loss} at step {step}" + _where(stats) + ".",
+                message=f"The loss is {loss} at step {step}" + _ranks(stats) + _where(stats) + ".",
             ),
             step=step, clear_message=f"The loss is finite again at step {step}.",
         )
@@ -167,6 +167,10 @@ def _first_nonfinite_layer(stats: StepStats) -> str | None:
         if not is_finite(norm):
             return layer
     return None
+
+
+def _ranks(stats: StepStats) -> str:
+    return f" on rank(s) {stats.nonfinite_ranks}" if stats.nonfinite_ranks else ""
 
 
 def _where(stats: StepStats) -> str:

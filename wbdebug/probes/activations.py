@@ -112,7 +112,7 @@ class ActivationProbe:
         self._handles.clear()
 
     def _active(self) -> bool:
-        return not self._done and torch.is_grad_enabled()
+        return not self._done and torch.is_grad_enabled() and not torch.compiler.is_compiling()
 
     def _on_root_input(self, module: nn.Module, args: tuple) -> None:
         if not self._active():

@@ -46,8 +46,12 @@ class GradientProbe:
         """Buffer columns this probe writes: the global norm and one per layer."""
         return 1 + len(self.layer_names)
 
-    def measure(self, out: torch.Tensor) -> tuple[int, ...]:
-        """Write the norms into ``out`` (a 1-D device view) and return which layers had gradients."""
+    def measure(self, out: torch.Tensor, scale: torch.Tensor | None = None) -> tuple[int, ...]:
+        """Write the norms into ``out`` (a 1-D device view) and return which layers had gradients.
+
+        ``scale`` is a GradScaler's current scale (a device tensor): the gradients backward produced are
+        multiplied by it, so the norms are divided by it — reported unscaled, with no sync.
+        """
         present = tuple(i for i, p in enumerate(self.params) if p.grad is not None)
         if not present:
             return ()
@@ -59,6 +63,8 @@ class GradientProbe:
             norms = [g.coalesce().values().float().norm() if g.is_sparse else g.float().norm() for g in grads]
         device = out.device
         per_param = torch.stack([n if n.device == device else n.to(device, non_blocking=True) for n in norms])
+        if scale is not None:
+            per_param = per_param / scale.to(device=device, dtype=torch.float32)
         index, layers_present = self._index(present, device)
         squares = per_param * per_param
         layer_sq = torch.zeros(len(self.layer_names), device=device, dtype=torch.float32)
