@@ -105,6 +105,11 @@ class Monitor:
         self.model = unwrap_model(model)
         self.scaler = scaler
         self.rank, self.world_size = world()
+        self._ddp = isinstance(model, nn.parallel.DistributedDataParallel)
+        # Guarded hook callables, built once: wrapping per call would cost more than the hook itself.
+        self._h_output_grad = self._guarded(self._on_output_grad)
+        self._h_backward_start = self._guarded(self._requeue_backward_end if self._ddp else self._on_backward_end)
+        self._h_backward_end = self._guarded(self._on_backward_end)
         self.optimizer = optimizer
         self.criterion = criterion
         self.num_classes = num_classes
@@ -282,19 +287,21 @@ class Monitor:
                 if classes is not None and classes >= 2:
                     self.loss_detector.describe_loss(CROSS_ENTROPY, classes)
                 self._loss_described = True
+        if self.criterion is not None:
+            return  # the criterion's loss anchors the end-of-backward callback
         anchor = loss if loss is not None and loss.requires_grad else first_grad_tensor(output)
         if anchor is not None:
-            anchor.register_hook(self._guarded(self._on_output_grad))
+            anchor.register_hook(self._h_output_grad)
 
     def _on_output_grad(self, grad: torch.Tensor) -> None:
         if not self._backward_queued:
             self._backward_queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._guarded(self._requeue_backward_end))
+            torch.autograd.Variable._execution_engine.queue_callback(self._h_backward_start)
 
     def _requeue_backward_end(self) -> None:
         # Queued when backward starts, this runs before callbacks queued later in the same backward —
         # DDP's gradient all-reduce finalisation among them. Re-queueing puts the measurement after them.
-        torch.autograd.Variable._execution_engine.queue_callback(self._guarded(self._on_backward_end))
+        torch.autograd.Variable._execution_engine.queue_callback(self._h_backward_end)
 
     def _on_backward_end(self) -> None:
         """Runs once backward has finished: every gradient exists, none is clipped yet."""
@@ -307,7 +314,7 @@ class Monitor:
         if not isinstance(output, torch.Tensor) or not output.requires_grad:
             return  # evaluation under no_grad is not the training loss
         self._losses.setdefault(_CRITERION, []).append(as_scalar_loss(output))
-        output.register_hook(self._guarded(self._on_output_grad))
+        output.register_hook(self._h_output_grad)
         if not self._loss_described:
             self._loss_described = True
             if self.num_classes is None and args and isinstance(args[0], torch.Tensor):

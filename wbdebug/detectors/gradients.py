@@ -88,7 +88,9 @@ class GradientDetector:
         if total > self.exploding_norm:
             severity = "error"
         if len(self.window) >= self.warmup_steps:
-            jump = self.window.jump_threshold(self.exploding_factor, self.exploding_tail)
+            jump = self.exploding_factor * self.window.median()
+            if total > jump or self.conditions.is_active(EventKind.EXPLODING_GRADIENTS):  # full test only when needed
+                jump = self.window.jump_threshold(self.exploding_factor, self.exploding_tail)
             if severity is None and total > jump > 0:
                 severity, threshold = "warning", jump
             # An explosion must not become its own baseline.

@@ -121,7 +121,9 @@ class LossDetector:
         median = self.window.median()
         # A spike is also large on the loss's own scale: a converged model's 0.03 -> 0.1 blip is noise.
         rise = self.spike_min_rise * abs(self.first_loss or 0.0)
-        threshold = max(self.window.jump_threshold(self.spike_factor, self.spike_tail), median + rise)
+        threshold = max(self.spike_factor * median, median + rise)
+        if loss > threshold or self.conditions.is_active(EventKind.LOSS_SPIKE):  # the full test only when needed
+            threshold = max(self.window.jump_threshold(self.spike_factor, self.spike_tail), threshold)
         spiking = loss > threshold
         # A spike must not become its own baseline; a lasting new level enters the window slowly.
         self.window.append(min(loss, threshold))
