@@ -122,3 +122,25 @@ def test_journal_lands_in_the_run_directory_for_wandb_sync(offline_wandb):
     journal = Path(monitor.run.dir) / "events.jsonl"
     assert monitor.journal_path == journal
     assert [e.kind for e in wbdebug.read_journal(journal)] == [e.kind for e in monitor.events]
+
+
+def test_without_credentials_or_mode_wbdebug_chooses_offline(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    setup = mlp()
+    with wbdebug.watch(setup.model, setup.optimizer, setup.criterion, console=False) as monitor:
+        train(setup, 2)
+    assert monitor.run.settings.mode == "offline"
+    assert (tmp_path / "wandb").glob("offline-run-*")
+
+
+def test_an_explicit_run_argument_is_used(offline_wandb):
+    run = wandb.init(project="explicit")
+    setup = mlp()
+    with wbdebug.watch(setup.model, setup.optimizer, setup.criterion, run=run, console=False) as monitor:
+        train(setup, 2)
+    assert monitor.run is run
+    run.finish()
