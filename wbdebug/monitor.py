@@ -57,7 +57,7 @@ class _Row:
 
     step: int
     loss_seen: bool = False
-    layers: tuple[int, ...] = ()
+    params: tuple[int, ...] = ()
     activations: list[int] | None = None
     input_measured: bool = False
     amp: bool = False
@@ -330,12 +330,12 @@ class Monitor:
     def _measure_grads(self) -> None:
         row = self._row()
         scale = self.scaler._get_scale_async() if self.scaler is not None and self.scaler.is_enabled() else None
-        self._cur.layers = self.grads.measure(row[self._g0 : self._a0], scale)
-        if scale is not None and self._cur.layers:
+        self._cur.params = self.grads.measure(row[self._g0 : self._a0], scale)
+        if scale is not None and self._cur.params:
             # GradScaler skips optimizer.step() on inf/NaN gradients: count those backward passes on the device.
             if not self._grads_measured:
                 row[1] = 0.0
-            row[1] += (~torch.isfinite(row[self._g0])).float()
+            row[1] += (~torch.isfinite(row[self._g0 : self._a0].sum())).float()
             row[2] = scale.reshape(())
         self._grads_measured = True
 
@@ -456,6 +456,7 @@ class Monitor:
         per_rank = packets[:, : n * width].reshape(ranks, n, width)
         local = per_rank[self.rank if ranks > 1 else 0]
         values = local.tolist()
+        local_np = local.numpy()
         all_losses = per_rank[:, :, 0].tolist()
         mean_rows = per_rank.mean(0).tolist() if ranks > 1 else values
         layer_names = self.grads.layer_names
@@ -473,15 +474,19 @@ class Monitor:
                         stats.nonfinite_ranks = bad
                     for r in range(ranks):
                         rank_losses[r].append(all_losses[r][i])
-                        rank_grads[r].append(per_rank[r, i, self._g0].item() if meta.layers else math.nan)
+                        rank_grads[r].append(
+                            self.grads.norms(per_rank[r, i, self._g0 : self._a0].numpy(), meta.params)[0]
+                            if meta.params else math.nan
+                        )
                 self._loss_sum += vals[0]
                 self._loss_n += 1
             if meta.amp:
                 stats.amp_overflows, stats.amp_scale = int(vals[1]), vals[2]
                 self.amp_overflows += stats.amp_overflows
-            if meta.layers:
-                stats.grad_total = vals[self._g0]
-                stats.grad_layers = {layer_names[i]: vals[self._g0 + 1 + i] for i in meta.layers}
+            if meta.params:
+                stats.grad_total, stats.grad_layers, stats.nonfinite_param = self.grads.norms(
+                    local_np[i, self._g0 : self._a0], meta.params
+                )
             if meta.input_measured:
                 stats.input_nonfinite = vals[self._a0] > 0
             if meta.activations:

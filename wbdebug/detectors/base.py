@@ -24,6 +24,8 @@ class StepStats:
     activations: dict[str, tuple[float, float, bool]] | None = None
     #: whether the model's input batch held NaN/Inf (sampled steps only).
     input_nonfinite: bool | None = None
+    #: the first parameter (in parameter order) whose gradient was non-finite.
+    nonfinite_param: str | None = None
     #: under torch.distributed: the ranks whose loss was non-finite this step.
     nonfinite_ranks: list[int] | None = None
     #: with a GradScaler: backward passes whose gradients overflowed (skipped steps), and the scale.

@@ -71,7 +71,8 @@ class GradientDetector:
                 kind=EventKind.NONFINITE_GRAD, severity=sev, step=step, layer=first,
                 value=stats.grad_layers[first],
                 message=(
-                    f"Gradients are non-finite at step {step}, first in {first} (parameter order)"
+                    f"Gradients are non-finite at step {step}, first in {first}"
+                    + (f" (parameter {stats.nonfinite_param})" if stats.nonfinite_param else "")
                     + (f", {len(bad)} layers in all." if len(bad) > 1 else ".")
                 ),
             ),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -45,56 +46,75 @@ def squared_norms(grads: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 class GradientProbe:
-    """Writes [global norm, norm of layer 0, layer 1, …] into a device buffer row (no host sync).
+    """Writes each parameter's Σg² into a device buffer row (no host sync); norms are formed on the host.
 
     Measured where it is called from: the Monitor calls it when backward finishes, so the norms are
     the gradients backward produced, before any clipping or optimizer step in the user's loop.
-    Parameters without a gradient (frozen, unused this step) are skipped.
+    Parameters without a gradient (frozen, unused this step) are skipped. Keeping per-parameter
+    squares (not per-layer sums) costs no extra device op and lets a NaN be traced to its parameter.
     """
 
     def __init__(self, layers: list[tuple[str, nn.Module, list[nn.Parameter]]]) -> None:
         self.layer_names = [name for name, _, _ in layers]
         self.params: list[nn.Parameter] = []
+        self.param_names: list[str] = []
         self.param_layer: list[int] = []
-        for i, (_, _, params) in enumerate(layers):
+        for i, (name, module, params) in enumerate(layers):
+            own = {id(p): n for n, p in module.named_parameters(recurse=False)}
             for p in params:
                 self.params.append(p)
+                self.param_names.append(f"{name}.{own.get(id(p), '?')}" if name != keys.ROOT_NAME else own.get(id(p), "?"))
                 self.param_layer.append(i)
-        self._index_cache: dict[tuple[int, ...], tuple[torch.Tensor, tuple[int, ...]]] = {}
+        self._param_layer = np.asarray(self.param_layer, dtype=np.int64)
+        self._index_cache: dict[tuple[int, ...], torch.Tensor] = {}
 
     @property
     def width(self) -> int:
-        """Buffer columns this probe writes: the global norm and one per layer."""
-        return 1 + len(self.layer_names)
+        """Buffer columns this probe writes: one per parameter."""
+        return len(self.params)
 
     def measure(self, out: torch.Tensor, scale: torch.Tensor | None = None) -> tuple[int, ...]:
-        """Write the norms into ``out`` (a 1-D device view) and return which layers had gradients.
+        """Write Σg² of every parameter with a gradient into ``out`` (a 1-D device view); return their indices.
 
         ``scale`` is a GradScaler's current scale (a device tensor): the gradients backward produced are
-        multiplied by it, so the norms are divided by it — reported unscaled, with no sync.
+        multiplied by it, so the squares are divided by its square — reported unscaled, with no sync.
         """
         present = tuple(i for i, p in enumerate(self.params) if p.grad is not None)
         if not present:
             return ()
         grads = [self.params[i].grad for i in present]
         device = out.device
-        squares = torch.stack([s if s.device == device else s.to(device, non_blocking=True)
-                               for s in squared_norms(grads)])
+        squares = [s if s.device == device else s.to(device, non_blocking=True) for s in squared_norms(grads)]
+        if len(present) == len(self.params) and scale is None:
+            torch.stack(squares, out=out)
+            return present
+        stacked = torch.stack(squares)
         if scale is not None:
-            squares.div_(scale.to(device=device, dtype=torch.float32).square())
-        index, layers_present = self._index(present, device)
-        layers = out[1:]
-        layers.zero_().index_add_(0, index, squares)
-        torch.sum(layers, dim=0, keepdim=True, out=out[:1])
-        out.sqrt_()
-        return layers_present
+            stacked.div_(scale.to(device=device, dtype=torch.float32).square())
+        if len(present) == len(self.params):
+            out.copy_(stacked)
+        else:
+            out.index_copy_(0, self._index(present, device), stacked)
+        return present
 
-    def _index(self, present: tuple[int, ...], device: torch.device) -> tuple[torch.Tensor, tuple[int, ...]]:
+    def _index(self, present: tuple[int, ...], device: torch.device) -> torch.Tensor:
         cached = self._index_cache.get(present)
         if cached is None:
-            layer_of = [self.param_layer[i] for i in present]
-            cached = (torch.tensor(layer_of, device=device), tuple(sorted(set(layer_of))))
             if len(self._index_cache) > 64:  # frozen/unfrozen patterns change rarely; stay bounded anyway
                 self._index_cache.clear()
-            self._index_cache[present] = cached
+            cached = self._index_cache[present] = torch.tensor(present, device=device)
         return cached
+
+    def norms(self, squares: np.ndarray, present: tuple[int, ...]) -> tuple[float, dict[str, float], str | None]:
+        """Host side: (global norm, {layer: norm} for layers with gradients, first non-finite parameter)."""
+        idx = np.asarray(present, dtype=np.int64)
+        sq = squares[idx].astype(np.float64)
+        per_layer = np.bincount(self._param_layer[idx], weights=sq, minlength=len(self.layer_names))
+        total = float(np.sqrt(sq.sum()))
+        layers = sorted(set(self._param_layer[idx].tolist()))
+        grad_layers = {self.layer_names[i]: float(np.sqrt(per_layer[i])) for i in layers}
+        first_bad = None
+        if not np.isfinite(total):
+            bad = np.flatnonzero(~np.isfinite(sq))
+            first_bad = self.param_names[present[bad[0]]] if len(bad) else None
+        return total, grad_layers, first_bad
