@@ -26,6 +26,7 @@ def watch(
     config: Config | None = None,
     sinks: list[Sink] | None = None,
     scaler: Any = None,
+    scheduler: Any = None,
     **settings: Any,
 ) -> Monitor:
     """Watch a model's training: one line added before an existing loop, no other change.
@@ -42,6 +43,7 @@ def watch(
         sinks: extra sinks (e.g. :class:`MemorySink`) besides W&B, the journal and the console.
         scaler: the ``torch.amp.GradScaler`` of a mixed-precision loop, so gradient norms are reported
             unscaled and skipped steps are counted as ``amp_overflow``, not ``nonfinite_grad``.
+        scheduler: the LR scheduler, so a rollback (``on_spike="rollback"``) restores its state too.
 
     Returns:
         The :class:`Monitor`; call ``close()`` at the end, or use it as a context manager.
@@ -81,5 +83,5 @@ def watch(
         raise TypeError(f"scaler must be a torch.amp.GradScaler, got {type(scaler).__name__}")
     return Monitor(
         model, optimizer, criterion, num_classes=num_classes, run=run, config=cfg,
-        sinks=list(sinks) if sinks else None, scaler=scaler,
+        sinks=list(sinks) if sinks else None, scaler=scaler, scheduler=scheduler,
     )

@@ -94,6 +94,27 @@ class Config(BaseSettings):
         1.0, gt=0, description="A GradScaler scale below this means overflow is persistent (the scale collapsed from 65536)."
     )
 
+    # --- recovery and forensics --------------------------------------------------------------
+    on_spike: Literal["warn", "rollback"] = Field(
+        "warn", description="On a loss spike: only report it, or also roll back to a snapshot and cool the LR down."
+    )
+    on_nonfinite: Literal["warn", "raise", "stop", "rollback"] = Field(
+        "warn", description="On a non-finite loss or gradient: report, raise TrainingHealthError, stop, or roll back."
+    )
+    nan_forensics: Literal["sampled", "replay"] = Field(
+        "sampled",
+        description="sampled: name layers from sampled statistics; replay: re-run the first non-finite batch under "
+        "detect_anomaly (reads one flag per step).",
+    )
+    snapshot_every: int = Field(100, ge=1, description="Steps between recovery snapshots (taken only when a policy rolls back).")
+    snapshot_keep: int = Field(3, ge=1, description="Snapshots kept in the ring.")
+    snapshot_dir: Path | None = Field(None, description="Write snapshots here (atomically) instead of keeping them in CPU memory.")
+    rollback_min_steps: int = Field(0, ge=0, description="Restore the newest snapshot at least this many steps before the event.")
+    cooldown_factor: float = Field(0.1, gt=0, le=1, description="LR multiplier after a rollback.")
+    cooldown_steps: int = Field(50, ge=0, description="Steps the LR stays cooled down after a rollback.")
+    max_rollbacks: int = Field(3, ge=1, description="Rollbacks allowed within rollback_window steps before giving up (error).")
+    rollback_window: int = Field(1000, ge=1, description="Window, in steps, for max_rollbacks.")
+
     # --- sinks ----------------------------------------------------------------------------
     wandb: bool = Field(True, description="Log metrics, alerts and the events table to Weights & Biases.")
     wandb_project: str = Field("wbdebug", description="Project for the run wbdebug starts when none is active.")

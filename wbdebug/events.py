@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from enum import Enum
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -29,6 +29,8 @@ class EventKind(str, Enum):
     VAL_AUGMENTATION = "val_augmentation"
     SPLIT_OVERLAP = "split_overlap"
     CLASS_IMBALANCE = "class_imbalance"
+    # recovery
+    ROLLBACK = "rollback"
     # distributed and mixed precision
     RANK_DIVERGENCE = "rank_divergence"
     AMP_OVERFLOW = "amp_overflow"
@@ -97,6 +99,10 @@ FIXES: dict[EventKind, str] = {
     EventKind.CLASS_IMBALANCE: (
         "Use a class-weighted loss or a balanced sampler, and report per-class metrics."
     ),
+    EventKind.ROLLBACK: (
+        "wbdebug restored a snapshot and cooled the learning rate down; if it keeps happening, lower the "
+        "base learning rate, add warm-up or clipping, and inspect the skipped batches (steps in the event)."
+    ),
     EventKind.RANK_DIVERGENCE: (
         "Replicas must stay identical: check that every rank loads the same checkpoint and seed, that no "
         "rank skips optimizer.step() or runs under no_sync() alone, and inspect the named rank's data shard."
@@ -125,6 +131,7 @@ class Event(BaseModel):
     message: str
     fix: str = ""
     cleared: bool = Field(False, description="True when this event reports the condition has cleared.")
+    data: dict[str, Any] = Field(default_factory=dict, description="Machine-readable details (rollback steps, ...).")
 
     def model_post_init(self, __context: object) -> None:
         if not self.fix:

@@ -28,6 +28,8 @@ from wbdebug.detectors.amp import AmpDetector
 from wbdebug.detectors.base import is_finite
 from wbdebug.detectors.ranks import RankDetector
 from wbdebug.distributed import gather_packets, is_fsdp, world
+from wbdebug.forensics import Finding, replay
+from wbdebug.recovery import Cooldown, RollbackBudget, Snapshotter
 from wbdebug.detectors.loss import CROSS_ENTROPY
 from wbdebug.events import Event, EventKind
 from wbdebug.probes.activations import ActivationProbe, activation_layers
@@ -100,6 +102,7 @@ class Monitor:
         config: Config,
         sinks: list[Sink] | None = None,
         scaler: Any = None,
+        scheduler: Any = None,
     ) -> None:
         self.config = config
         self.model = unwrap_model(model)
@@ -147,6 +150,21 @@ class Monitor:
         self._fresh_acts: dict[str, tuple[float, float, bool]] = {}
         self._compiled_seen = False
         self.amp_overflows = 0
+        # recovery and forensics
+        rolls_back = "rollback" in (config.on_spike, config.on_nonfinite)
+        self.snapshots = (
+            Snapshotter(self.model, optimizer, keep=config.snapshot_keep, directory=config.snapshot_dir,
+                        scaler=scaler, scheduler=scheduler)
+            if rolls_back and optimizer is not None else None
+        )
+        self.rollback_budget = RollbackBudget(config.max_rollbacks, config.rollback_window)
+        self.skipped_steps: list[int] = []
+        self._cooldown: Cooldown | None = None
+        self._replaying = False
+        self._replayed = False
+        self._batch: tuple[tuple, dict] | None = None
+        self._target: tuple = ()
+        self._findings: dict[int, Finding] = {}
         self.rank_detector = RankDetector(loss_factor=config.rank_loss_factor)
         self.amp_detector = AmpDetector(min_scale=config.amp_min_scale)
 
@@ -224,6 +242,14 @@ class Monitor:
             self._handles.append(self.criterion.register_forward_hook(self._guarded(self._on_criterion)))
         if self.optimizer is not None:
             self._handles.append(self.optimizer.register_step_post_hook(self._guarded(self._on_optimizer_step)))
+            if self.snapshots is not None or self.config.nan_forensics == "replay":
+                self._handles.append(self.optimizer.register_step_pre_hook(self._guarded(self._on_optimizer_pre_step)))
+        if self.config.nan_forensics == "replay":
+            self._handles.append(
+                self.model.register_forward_pre_hook(self._guarded(self._on_model_input), with_kwargs=True)
+            )
+        if self.snapshots is not None:
+            self.snapshots.take(0)
 
     # ------------------------------------------------------------------ public
     def observe_loss(self, loss: torch.Tensor | float) -> None:
@@ -272,7 +298,13 @@ class Monitor:
         return f"<wbdebug.Monitor {type(self.model).__name__} step={self.step} events={len(self.events)} {state}>"
 
     # ------------------------------------------------------------------ hooks
+    def _on_model_input(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if torch.is_grad_enabled() and not self._replaying and not self._replayed:
+            self._batch = (args, kwargs)  # by reference, released when the step ends
+
     def _on_model_output(self, module: nn.Module, args: tuple, output: object) -> None:
+        if self._replaying:
+            return
         if torch.compiler.is_compiling():
             self._compiled_seen = True  # inside a compiled graph: stay out of it, the criterion hook still works
             return
@@ -308,11 +340,14 @@ class Monitor:
         self._backward_queued = False
         self._measure_grads()
         if self.optimizer is None:
+            self._maybe_replay()
             self._commit()
 
     def _on_criterion(self, module: nn.Module, args: tuple, output: object) -> None:
-        if not isinstance(output, torch.Tensor) or not output.requires_grad:
+        if self._replaying or not isinstance(output, torch.Tensor) or not output.requires_grad:
             return  # evaluation under no_grad is not the training loss
+        if self.config.nan_forensics == "replay" and not self._replayed:
+            self._target = args[1:]
         self._losses.setdefault(_CRITERION, []).append(as_scalar_loss(output))
         output.register_hook(self._h_output_grad)
         if not self._loss_described:
@@ -320,7 +355,17 @@ class Monitor:
             if self.num_classes is None and args and isinstance(args[0], torch.Tensor):
                 self.loss_detector.describe_loss(loss_family_of(module), classes_in_logits(args[0]))
 
+    def _on_optimizer_pre_step(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
+        self._maybe_replay()
+        if self._cooldown is not None:
+            if self.step < self._cooldown.until_step:
+                self._cooldown.apply(optimizer)
+            else:
+                self._cooldown = None
+
     def _on_optimizer_step(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
+        if self._cooldown is not None and self._cooldown.saved:
+            self._cooldown.undo(optimizer)
         self._commit()
 
     # ------------------------------------------------------------------ the step clock
@@ -358,6 +403,7 @@ class Monitor:
         finally:
             # Whatever failed above, the step clock and the read-back (a collective under DDP) stay in
             # lockstep on every rank: a rank that skipped it would leave the others waiting forever.
+            self._batch, self._target = None, ()
             self._rows.append(self._cur)
             self.step += 1
             self._cur = _Row(step=self.step)
@@ -365,9 +411,73 @@ class Monitor:
             if len(self._rows) == self.config.check_every:
                 self._read_back(collective=True)
         self._poll()
+        if self.snapshots is not None and self.step % self.config.snapshot_every == 0:
+            self.snapshots.take(self.step)
         if self._compiled_seen and self.acts is not None:
             self._disable_activations("the model runs inside a torch.compile graph")
         self._schedule_activations()
+
+    # ------------------------------------------------------------------ forensics and recovery
+    def _maybe_replay(self) -> None:
+        """In replay mode, on the first step whose loss or gradients are non-finite, re-run its batch."""
+        if self.config.nan_forensics != "replay" or self._replayed or self._batch is None:
+            return
+        losses = [t for source in self._losses.values() for t in source]
+        row = self._row()
+        # sync point (replay mode only): one flag per step decides whether this batch must be replayed
+        checks = [torch.isfinite(t).all() for t in losses]
+        if self._cur.params:
+            checks.append(torch.isfinite(row[self._g0 : self._a0].sum()))
+        if not checks or bool(torch.stack(checks).all()):
+            return
+        self._replayed = True
+        args, kwargs = self._batch
+        if self.criterion is not None and self._target:
+            loss_fn = lambda out: self.criterion(out, *self._target)  # noqa: E731
+        else:
+            loss_fn = find_loss_in_output
+        self._replaying = True
+        try:
+            self._findings[self.step] = replay(self.model, args, kwargs, loss_fn)
+        finally:
+            self._replaying = False
+
+    def _recover(self, event: Event) -> None:
+        """Apply the rollback policy to a spike or non-finite event."""
+        if self.snapshots is None or event.cleared or event.severity == "info":
+            return
+        policy = self.config.on_spike if event.kind == EventKind.LOSS_SPIKE else self.config.on_nonfinite
+        if policy != "rollback":
+            return
+        if not self.rollback_budget.allows(self.step):
+            self._emit(Event(
+                kind=EventKind.ROLLBACK, severity="error", step=self.step, value=float(self.config.max_rollbacks),
+                message=f"Gave up rolling back after {self.config.max_rollbacks} rollbacks within "
+                        f"{self.config.rollback_window} steps; {event.kind.value} keeps coming back.",
+            ))
+            return
+        snap = self.snapshots.newest_at_or_before(event.step - self.config.rollback_min_steps)
+        if snap is None:
+            self._emit(Event(kind=EventKind.ROLLBACK, severity="warning", step=self.step,
+                             message=f"No snapshot old enough to roll back {event.kind.value} at step {event.step}."))
+            return
+        self.rollback_budget.spend(self.step)
+        self.snapshots.restore(snap)
+        skipped = list(range(snap.step, self.step))
+        self.skipped_steps.extend(skipped)
+        lrs = [group["lr"] for group in self.optimizer.param_groups]
+        self._cooldown = Cooldown(self.config.cooldown_factor, self.step + self.config.cooldown_steps)
+        self._emit(Event(
+            kind=EventKind.ROLLBACK, severity="warning", step=self.step, value=float(len(skipped)),
+            message=(
+                f"Rolled back to the snapshot of step {snap.step} after {event.kind.value} at step {event.step}: "
+                f"{len(skipped)} steps lost, the batches of steps {snap.step}-{self.step - 1} skipped, LR x"
+                f"{self.config.cooldown_factor:g} for {self.config.cooldown_steps} steps."
+            ),
+            data={"restored_step": snap.step, "event_step": event.step, "skipped_steps": [snap.step, self.step - 1],
+                  "lr": lrs, "cooldown_factor": self.config.cooldown_factor,
+                  "cooldown_until": self.step + self.config.cooldown_steps},
+        ))
 
     def _disable_activations(self, why: str) -> None:
         if self.acts is not None:
@@ -480,6 +590,10 @@ class Monitor:
                         )
                 self._loss_sum += vals[0]
                 self._loss_n += 1
+            finding = self._findings.pop(meta.step, None)
+            if finding is not None:
+                stats.origin_layer = finding.module or finding.first_output
+                stats.origin = finding.describe()
             if meta.amp:
                 stats.amp_overflows, stats.amp_scale = int(vals[1]), vals[2]
                 self.amp_overflows += stats.amp_overflows
@@ -531,6 +645,8 @@ class Monitor:
         self.events.append(event)
         for sink in self.sinks:
             self._call_sink(sink, "emit", event)
+        if event.kind in (EventKind.LOSS_SPIKE, EventKind.NONFINITE_LOSS, EventKind.NONFINITE_GRAD):
+            self._recover(event)
 
     def _call_sink(self, sink: Sink, method: str, *args: Any) -> None:
         try:

@@ -24,6 +24,9 @@ class StepStats:
     activations: dict[str, tuple[float, float, bool]] | None = None
     #: whether the model's input batch held NaN/Inf (sampled steps only).
     input_nonfinite: bool | None = None
+    #: NaN forensics (replay): the module that created the first non-finite value, and how.
+    origin_layer: str | None = None
+    origin: str | None = None
     #: the first parameter (in parameter order) whose gradient was non-finite.
     nonfinite_param: str | None = None
     #: under torch.distributed: the ranks whose loss was non-finite this step.

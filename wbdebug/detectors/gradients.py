@@ -64,6 +64,7 @@ class GradientDetector:
     def _nonfinite(self, stats: StepStats) -> list[Event]:
         bad = [layer for layer, norm in stats.grad_layers.items() if not is_finite(norm)]
         first = bad[0] if bad else None
+        origin = f"; replay: {stats.origin}" if stats.origin else ""
         step = stats.step
         return self.conditions.update(
             EventKind.NONFINITE_GRAD, None, "error" if bad else None,
@@ -73,7 +74,7 @@ class GradientDetector:
                 message=(
                     f"Gradients are non-finite at step {step}, first in {first}"
                     + (f" (parameter {stats.nonfinite_param})" if stats.nonfinite_param else "")
-                    + (f", {len(bad)} layers in all." if len(bad) > 1 else ".")
+                    + (f", {len(bad)} layers in all" if len(bad) > 1 else "") + origin + "."
                 ),
             ),
             step=step, clear_message=f"Gradients are finite again at step {step}.",

@@ -160,6 +160,8 @@ INPUT = "(input)"
 def _first_nonfinite_layer(stats: StepStats) -> str | None:
     """Where non-finite values start: the model's input batch, else the first layer in forward order whose
     activation was non-finite (sampled steps), else the first layer in parameter order whose gradient was."""
+    if stats.origin_layer:
+        return stats.origin_layer
     if stats.input_nonfinite:
         return INPUT
     for layer, (_, _, nonfinite) in (stats.activations or {}).items():
@@ -176,6 +178,8 @@ def _ranks(stats: StepStats) -> str:
 
 
 def _where(stats: StepStats) -> str:
+    if stats.origin:
+        return f"; replay: {stats.origin}"
     layer = _first_nonfinite_layer(stats)
     if layer == INPUT:
         return "; the model's input batch already holds NaN/Inf (a corrupt sample or a broken transform)"
