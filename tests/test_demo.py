@@ -22,7 +22,7 @@ EXPECTED = {
 
 @pytest.mark.parametrize("bug", list(EXPECTED), ids=lambda b: b or "healthy")
 def test_demo_shows_the_right_events(bug, offline_wandb):
-    monitor = run_demo(bug, console=False)
+    monitor = run_demo(bug, console=False).monitor
     raised = {e.kind for e in monitor.events if e.severity != "info"}
     assert EXPECTED[bug] <= raised
     if bug is None:

@@ -34,6 +34,12 @@ def demo(
     ),
     steps: int = typer.Option(300, "--steps", min=1, help="Training steps."),
     seed: int = typer.Option(0, "--seed", help="Random seed."),
+    recover: bool = typer.Option(
+        False, "--recover", help="Roll back past spikes and NaN (on_spike/on_nonfinite=rollback)."
+    ),
+    replay: bool = typer.Option(
+        False, "--replay", help="Replay the first non-finite batch to name the operation and source line."
+    ),
 ) -> None:
     """Train a small classifier on scikit-learn's digits with wbdebug watching, and print its health."""
     from wbdebug.demo import BUGS, run_demo
@@ -42,7 +48,18 @@ def demo(
         fail(f"unknown bug {bug!r}; expected one of: {', '.join(BUGS)}")
     os.environ.setdefault("WANDB_SILENT", "true")
     typer.echo(f"wbdebug demo: digits MLP, {steps} steps" + (f", bug: {bug} ({BUGS[bug]})" if bug else ", healthy"))
-    monitor = run_demo(bug, steps=steps, seed=seed)
+    settings: dict = {}
+    if recover:
+        settings.update(on_spike="rollback", on_nonfinite="rollback")
+    if replay:
+        settings["nan_forensics"] = "replay"
+    result = run_demo(bug, steps=steps, seed=seed, **settings)
+    monitor = result.monitor
+    typer.echo("loss every 25 steps: " + "  ".join(
+        f"{i}:{loss:.3g}" for i, loss in enumerate(result.losses) if i % 25 == 0 or i == len(result.losses) - 1
+    ))
+    if monitor.skipped_steps:
+        typer.echo(f"skipped (rolled back) steps: {monitor.skipped_steps[0]}-{monitor.skipped_steps[-1]}")
     problems = [e for e in monitor.events if e.severity != "info"]
     typer.echo(f"{len(problems)} warning/error event(s)." if problems else "Healthy: no warning or error events.")
     run = monitor.run

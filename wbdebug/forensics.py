@@ -27,6 +27,7 @@ from torch.utils._pytree import tree_flatten
 from wbdebug import keys
 
 _SKIP_DIRS = (str(Path(torch.__file__).parent), str(Path(__file__).parent))
+_USER_FILES = (str(Path(__file__).parent / "demo.py"),)  # wbdebug's own demo model is user code
 INPUT = "(input)"
 LOSS = "(loss)"
 
@@ -61,10 +62,14 @@ class Finding:
 def _user_frame(frames: list[traceback.FrameSummary]) -> str | None:
     """The innermost frame outside torch and wbdebug: the user's line."""
     for frame in reversed(frames):
-        if not frame.filename.startswith(_SKIP_DIRS) and "<frozen" not in frame.filename:
+        if _is_user_file(frame.filename):
             line = (frame.line or "").strip()
             return f"{Path(frame.filename).name}:{frame.lineno}: {line}"
     return None
+
+
+def _is_user_file(filename: str) -> bool:
+    return filename in _USER_FILES or (not filename.startswith(_SKIP_DIRS) and "<frozen" not in filename)
 
 
 def _nonfinite(value: Any) -> bool:
@@ -187,6 +192,6 @@ def _backward(loss: torch.Tensor, finding: Finding, clone: nn.Module) -> None:
         if "Traceback of forward call" in text:
             frames = re.findall(r'File "([^"]+)", line (\d+), in \S+\n\s*(.*)', text)
             for filename, lineno, line in reversed(frames):
-                if not filename.startswith(_SKIP_DIRS):
+                if _is_user_file(filename):
                     finding.source = f"{Path(filename).name}:{lineno}: {line.strip()}"
                     break

@@ -610,9 +610,18 @@ class Monitor:
                     act_names[k]: (mean[s], mean[s + 1], mean[s + 2] > 0) for k, s in zip(meta.activations, slot)
                 }
                 self._fresh_acts.update(stats.activations)
-            for detector in (self.loss_detector, self.grad_detector, self.dead_detector, self.amp_detector):
-                for event in detector.observe(stats):
-                    self._emit(event)
+            row_events = [
+                event
+                for detector in (self.loss_detector, self.grad_detector, self.dead_detector, self.amp_detector)
+                for event in detector.observe(stats)
+            ]
+            for event in row_events:
+                self._emit(event)
+            recoverable = (EventKind.LOSS_SPIKE, EventKind.NONFINITE_LOSS, EventKind.NONFINITE_GRAD)
+            for event in row_events:
+                if event.kind in recoverable and not event.cleared:
+                    self._recover(event)  # once per step, after every detector has spoken
+                    break
             self._last_processed, self._final_values = meta, stats
             if meta.step % self.config.log_every == 0:
                 self._log_row(meta, stats)
@@ -645,8 +654,7 @@ class Monitor:
         self.events.append(event)
         for sink in self.sinks:
             self._call_sink(sink, "emit", event)
-        if event.kind in (EventKind.LOSS_SPIKE, EventKind.NONFINITE_LOSS, EventKind.NONFINITE_GRAD):
-            self._recover(event)
+
 
     def _call_sink(self, sink: Sink, method: str, *args: Any) -> None:
         try:
