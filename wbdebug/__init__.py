@@ -15,6 +15,20 @@ from wbdebug.sinks import MemorySink, Sink, read_journal
 __all__ = ["Config", "Event", "EventKind", "MemorySink", "Monitor", "read_journal", "watch"]
 __version__ = "0.1.0"
 
+from wbdebug.checks import (  # noqa: E402  (pre-flight checks)
+    CheckResult,
+    CheckSetup,
+    Report,
+    check_initial_loss,
+    inspect_data,
+    overfit_one_batch,
+    preflight,
+)
+
+__all__ += [
+    "CheckResult", "CheckSetup", "Report", "check_initial_loss", "inspect_data", "overfit_one_batch", "preflight",
+]
+
 
 def watch(
     model: nn.Module,

@@ -72,5 +72,155 @@ def demo(
         typer.echo(f"Event journal:     {monitor.journal_path}")
 
 
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def check(
+    ctx: typer.Context,
+    factory: Optional[str] = typer.Option(
+        None, "--factory", help="package.module:function returning a wbdebug.CheckSetup (or a dict of its fields)."
+    ),
+    which: str = typer.Option("all", "--check", help="Which check: overfit, initial_loss, data or all."),
+    steps: int = typer.Option(200, "--steps", help="Most overfit-one-batch steps."),
+    param: Optional[list[str]] = typer.Option(
+        None, "--param", help="key=value passed to the factory; repeatable. Extra --key=value options work too."
+    ),
+    verbose: bool = typer.Option(False, "--verbose", help="Show tracebacks."),
+) -> None:
+    """Pre-flight checks before the long run: overfit one batch, step-0 loss, data inspection.
+
+    Exit status: 0 all checks passed, 1 a check failed, 2 bad input. Results go to a W&B run (offline
+    without an API key). Unknown --key=value options are factory parameters, so the command line
+    `wandb agent` builds from a sweep's ${args} works unchanged.
+    """
+    import json
+    import traceback
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from wbdebug.checks import CHECKS, preflight
+    from wbdebug.checks.factory import build_setup, parse_params
+    from wbdebug.checks.render import print_report
+    from wbdebug.checks.sweep import REPORT_ENV
+
+    if factory is None:
+        fail("--factory is required; expected package.module:function, e.g. --factory examples.digits:build")
+    if which not in (*CHECKS, "all"):
+        fail(f"unknown check {which!r}; expected one of: {', '.join(CHECKS)}, all")
+    if steps < 1:
+        fail(f"--steps must be at least 1, got {steps}")
+    os.environ.setdefault("WANDB_SILENT", "true")
+    checks = list(CHECKS) if which == "all" else [which]
+    try:
+        raw = parse_params(list(param or []) + list(ctx.args))
+        setup, params = build_setup(factory, raw)
+        err = Console(stderr=True)
+        columns = (TextColumn("overfit one batch"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn())
+        with Progress(*columns, console=err, disable="overfit" not in checks) as bar:
+            task = bar.add_task("overfit", total=steps, loss="-")
+
+            def progress(done: int, loss: Optional[float]) -> None:
+                bar.update(task, completed=done, **({"loss": f"{loss:.4g}"} if loss is not None else {}))
+
+            report = preflight(
+                setup.model, setup.train, setup.criterion, setup.optimizer, val=setup.val,
+                num_classes=setup.num_classes, checks=checks, steps=steps, progress=progress,
+            )
+            bar.update(task, total=max(len(report.loss_curve), 1))
+        run_dir = _log_check_run(report, {"factory": factory, "check": which, "steps": steps, **params})
+    except Exception as exc:  # bad input, or the user's code failing on it: one line unless --verbose
+        if verbose:
+            traceback.print_exc()
+        fail(_one_line(exc) + ("" if verbose else " (--verbose for the traceback)"))
+    print_report(report, Console(highlight=False))
+    if run_dir:
+        typer.echo(f"W&B run directory: {run_dir}")
+    if os.environ.get(REPORT_ENV):
+        with open(os.environ[REPORT_ENV], "w") as f:
+            json.dump({"report": report.model_dump(mode="json"), "metrics": report.summary_metrics(),
+                       "run_dir": run_dir}, f)
+    raise typer.Exit(0 if report.passed else 1)
+
+
+def _log_check_run(report, config: dict) -> Optional[str]:
+    """Write the report to a W&B run wbdebug starts (unless WBDEBUG_WANDB=false); its directory."""
+    from wbdebug.checks.wandb_log import log_report
+    from wbdebug.config import Config
+    from wbdebug.sinks.wandb import start_run
+
+    cfg = Config()
+    if not cfg.wandb or cfg.wandb_mode == "disabled":
+        return None
+    run = start_run(cfg.wandb_project, cfg.wandb_mode, job_type="preflight", config=config)
+    run_dir = os.path.dirname(run.dir.rstrip("/"))
+    log_report(run, report)
+    return run_dir
+
+
+@app.command()
+def sweep(
+    file: str = typer.Argument(..., help="A W&B sweep config (YAML), e.g. sweeps/sanity.yaml."),
+    validate: bool = typer.Option(False, "--validate", help="Only check it against W&B's sweep schema."),
+    count: Optional[int] = typer.Option(None, "--count", help="Most points to run (required for random/bayes)."),
+    verbose: bool = typer.Option(False, "--verbose", help="Show each point's output and tracebacks."),
+) -> None:
+    """Run a W&B sweep's points locally, one offline W&B run each, and tabulate which passed.
+
+    Points come from W&B's own sweep engine (the sweeps package); each runs the command `wandb agent`
+    would. Exit status: 0 every point passed (or --validate found nothing), 1 a point failed (or the
+    config has schema violations), 2 bad input.
+    """
+    import traceback
+
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from wbdebug.checks.sweep import load_config, run_sweep, schema_violations
+
+    if count is not None and count < 1:
+        fail(f"--count must be at least 1, got {count}")
+    os.environ.setdefault("WANDB_SILENT", "true")
+    if validate:
+        try:
+            violations = schema_violations(load_config(file))
+        except Exception as exc:
+            fail(_one_line(exc))
+        for v in violations:
+            typer.echo(f"{file}: {v}")
+        typer.echo(f"{file}: {len(violations)} schema violation(s)" if violations else f"{file}: valid W&B sweep config")
+        raise typer.Exit(1 if violations else 0)
+
+    def show(point) -> None:
+        params = " ".join(f"{k}={v}" for k, v in point.params.items())
+        typer.echo(f"[{point.index + 1}] {params}: {point.status} ({point.seconds:.1f}s)")
+        if verbose or point.returncode not in (0, 1):
+            typer.echo(point.output.rstrip(), err=True)
+
+    try:
+        results = run_sweep(file, count=count, on_point=show)
+    except Exception as exc:
+        if verbose:
+            traceback.print_exc()
+        fail(_one_line(exc))
+    table = Table(title=f"wbdebug sweep: {file}")
+    names = list(dict.fromkeys(k for r in results for k in r.params))
+    for col in ("#", *names, "result", "events", "run"):
+        table.add_column(col)
+    for r in results:
+        style = "green" if r.returncode == 0 else "bold red"
+        table.add_row(str(r.index + 1), *(escape(str(r.params.get(n, ""))) for n in names),
+                      f"[{style}]{r.status}[/]", escape(", ".join(r.event_kinds)), escape(r.run_dir or ""))
+    Console(highlight=False, width=200).print(table)
+    passed = sum(r.returncode == 0 for r in results)
+    typer.echo(f"{passed} of {len(results)} point(s) passed.")
+    raise typer.Exit(0 if passed == len(results) else 1)
+
+
 if __name__ == "__main__":
     app()

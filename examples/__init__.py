@@ -1,0 +1,1 @@
+"""Example factories for ``wbdebug check --factory`` (run from the repository root)."""
