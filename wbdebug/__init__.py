@@ -7,12 +7,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from wbdebug.alerts import TrainingHealthError
 from wbdebug.config import Config, make_config
 from wbdebug.events import Event, EventKind
 from wbdebug.monitor import Monitor, unwrap_model
 from wbdebug.sinks import MemorySink, Sink, read_journal
 
-__all__ = ["Config", "Event", "EventKind", "MemorySink", "Monitor", "read_journal", "watch"]
+__all__ = ["Config", "Event", "EventKind", "MemorySink", "Monitor", "TrainingHealthError", "read_journal", "watch"]
 __version__ = "0.1.0"
 
 from wbdebug.checks import (  # noqa: E402  (pre-flight checks)

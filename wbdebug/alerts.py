@@ -229,15 +229,23 @@ def alert_title(kind: str, layer: str | None = None, tag: str = "", run_name: st
         title = f"wbdebug: {kind}" + (f" in {layer}" if layer else "") + (f" {tag}" if tag else "")
         return title + (f" ({run})" if run else "")
 
+    def head(name: str | None, n: int) -> str | None:
+        return name if name is None or len(name) <= n else name[: n - 1] + "…"
+
+    def tail(name: str | None, n: int) -> str | None:
+        return name if name is None or len(name) <= n else "…" + name[-(n - 1):]
+
     title = build(layer, run_name)
-    if len(title) <= TITLE_LIMIT:
-        return title
-    if run_name and len(run_name) > 16:
-        run_name = run_name[:15] + "…"
-        title = build(layer, run_name)
-    if len(title) > TITLE_LIMIT and layer:
-        keep = max(4, len(layer) - (len(title) - TITLE_LIMIT) - 1)
-        title = build("…" + layer[-keep:], run_name)
+    run_name = head(run_name, 16)
+    for n in range(len(layer or ""), 4, -1):  # the layer's tail is its most specific part
+        title = build(tail(layer, n), run_name)
+        if len(title) <= TITLE_LIMIT:
+            return title
+    layer = tail(layer, 5)
+    for n in range(16, 6, -1):
+        title = build(layer, head(run_name, n))
+        if len(title) <= TITLE_LIMIT:
+            return title
     return title if len(title) <= TITLE_LIMIT else title[: TITLE_LIMIT - 1] + "…"
 
 
@@ -319,22 +327,18 @@ class AlertPolicy:
             )
         if clears:
             st.active.add(event.layer)
-        # Worse than anything said about this kind in the current incident: news, whatever the cool-down.
-        worse = SEVERITY_RANK[event.severity] > SEVERITY_RANK[st.severity]
         previous = st.last_event
         st.last_event = event
-        if worse:
+        cooled = now - st.last_sent >= self.cooldown_s
+        if not st.told_active and cooled:  # a fresh incident
+            st.since_step, st.severity = event.step, event.severity
+        elif SEVERITY_RANK[event.severity] > SEVERITY_RANK[st.severity]:
+            # Worse than anything said about this incident: news, whatever the cool-down.
             st.severity = event.severity
-            if not st.told_active:
-                st.since_step = event.step
             return self._send(st, event, "escalation", now, escalated_from=previous)
-        if now - st.last_sent < self.cooldown_s:
+        elif not cooled:
             st.suppressed += 1
             return None
-        if not st.told_active:
-            st.since_step, st.severity = event.step, event.severity
-        else:
-            st.severity = max(st.severity, event.severity, key=SEVERITY_RANK.__getitem__)
         source = self._open_warning(event)
         return self._send(st, event, "escalation" if source else "new", now, escalated_from=source)
 
@@ -478,3 +482,25 @@ class AlertSink:
                             f"wbdebug: the {channel.name} alert channel failed ({type(exc).__name__}); "
                             "its alerts are skipped, the other channels go on.", RuntimeWarning, stacklevel=2,
                         )
+
+
+def http_channels(config: Any) -> list[AlertChannel]:
+    """The Slack and webhook channels ``config`` asks for (none when alerts are off).
+
+    Built before anything else is opened: a malformed URL raises ``ValueError`` here (without quoting it).
+    """
+    if not config.alerts:
+        return []
+    from wbdebug.sinks.slack import SlackChannel
+    from wbdebug.sinks.webhook import WebhookChannel
+
+    options = dict(
+        timeout_s=config.alert_timeout_s, retry_s=config.alert_retry_s, backoff_s=config.alert_backoff_s,
+        backoff_max_s=config.alert_backoff_max_s, flush_s=config.alert_flush_s, queue_size=config.alert_queue_size,
+    )
+    channels: list[AlertChannel] = []
+    if config.slack_webhook_url is not None:
+        channels.append(SlackChannel(config.slack_webhook_url, **options))
+    if config.webhook_url is not None:
+        channels.append(WebhookChannel(config.webhook_url, **options))
+    return channels

@@ -5,8 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from wbdebug.alerts import DEFAULT_ALERT_KINDS
+from wbdebug.events import EventKind
 
 
 class Config(BaseSettings):
@@ -121,10 +124,6 @@ class Config(BaseSettings):
     wandb_mode: Literal["auto", "online", "offline", "disabled"] = Field(
         "auto", description="Mode for a run wbdebug starts: auto = offline unless an API key is configured."
     )
-    alerts: bool = Field(True, description="Send W&B alerts (run.alert) for warning and error events.")
-    alert_cooldown_s: float = Field(
-        300.0, ge=0, description="Seconds before the same kind and layer may alert again."
-    )
     console: bool = Field(True, description="Print one line per event and a summary table at close().")
     journal: bool = Field(True, description="Append every event to events.jsonl, flushed as written.")
     journal_path: Path | None = Field(
@@ -132,6 +131,52 @@ class Config(BaseSettings):
     )
     strict: bool = Field(
         False, description="Re-raise wbdebug's own internal errors instead of reporting them once (for debugging)."
+    )
+
+    # --- alerts ---------------------------------------------------------------------------
+    alerts: bool = Field(
+        True, description="Send alerts for the events the policy below selects: W&B run.alert, and Slack / a webhook when set."
+    )
+    alert_kinds: list[EventKind] = Field(
+        default_factory=lambda: list(DEFAULT_ALERT_KINDS),
+        description="Event kinds whose warnings and errors alert (a JSON list in the environment).",
+    )
+    alert_all_errors: bool = Field(True, description="Also alert on errors of every other kind (rank_divergence, ...).")
+    alert_min_severity: Literal["warning", "error"] = Field(
+        "warning", description="Lowest severity that alerts: warning, or error for NaN-class failures only."
+    )
+    alert_cooldown_s: float = Field(
+        300.0, ge=0,
+        description="Seconds before the same kind may alert again (escalations and recoveries are sent at once); W&B's wait_duration.",
+    )
+    alert_reminder_s: float = Field(
+        3600.0, ge=0, description="A condition still active this long after its last alert is alerted again; 0 = never."
+    )
+    alert_recovered: bool = Field(True, description="Send a 'recovered' alert when every alerted condition of a kind has cleared.")
+    wandb_alerts: bool = Field(
+        True, description="Send alerts to W&B (run.alert), which routes them to Slack/e-mail per your W&B settings."
+    )
+    slack_webhook_url: SecretStr | None = Field(
+        None, description="Slack incoming-webhook URL: alerts go straight to Slack as Block Kit (a secret, never logged)."
+    )
+    webhook_url: SecretStr | None = Field(
+        None, description="Any URL to POST each alert's event JSON to (Teams/Discord/PagerDuty bridges; a secret, never logged)."
+    )
+    alert_timeout_s: float = Field(10.0, gt=0, description="Seconds one HTTP delivery attempt of an alert may take.")
+    alert_retry_s: float = Field(
+        120.0, ge=0,
+        description="Seconds to retry an alert on 429/5xx/connection errors before giving it up with one warning.",
+    )
+    alert_backoff_s: float = Field(
+        1.0, gt=0, description="First delay between delivery attempts, doubled after each failure; Retry-After wins."
+    )
+    alert_backoff_max_s: float = Field(30.0, gt=0, description="Longest delay between delivery attempts (Retry-After aside).")
+    alert_flush_s: float = Field(
+        10.0, ge=0,
+        description="Seconds close(), interpreter exit and on_nonfinite=raise wait for queued alerts to be delivered.",
+    )
+    alert_queue_size: int = Field(
+        100, ge=1, description="Alerts waiting for delivery beyond this are dropped (one warning): memory stays bounded."
     )
 
     @model_validator(mode="after")

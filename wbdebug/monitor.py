@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from wbdebug import keys
+from wbdebug.alerts import NONFINITE_KINDS, AlertPolicy, AlertSink, RunRef, TrainingHealthError, http_channels
 from wbdebug.config import Config
 from wbdebug.detectors import DeadActivationDetector, GradientDetector, LossDetector, StepStats
 from wbdebug.detectors.amp import AmpDetector
@@ -42,7 +43,7 @@ from wbdebug.probes.loss import (
     logits_in_output,
     loss_family_of,
 )
-from wbdebug.sinks import ConsoleSink, JournalSink, Sink, WandbSink, start_run
+from wbdebug.sinks import ConsoleSink, JournalSink, Sink, WandbAlerts, WandbSink, start_run
 
 # Loss sources, highest priority first: an explicit observe_loss() wins over a criterion, which wins
 # over a loss found in the model's output (a HF model given labels *and* a criterion would count twice).
@@ -122,6 +123,10 @@ class Monitor:
         self._closed = False
         self._handles: list[RemovableHandle] = []
         self._reported_errors: set[str] = set()
+        #: on_nonfinite="stop": set when the loss or gradients go non-finite; end the loop when it is True.
+        self.should_stop = False
+        self._health_error: TrainingHealthError | None = None
+        self._alerts: AlertSink | None = None
 
         layers = parameterised_layers(self.model)
         self.grads = GradientProbe(layers)
@@ -212,6 +217,7 @@ class Monitor:
         if cfg.rank_zero_only and self.rank != 0:
             self.sinks.extend(extra or [])
             return  # every rank detects; only rank 0 writes to W&B, the journal and the console
+        channels = http_channels(cfg)  # first: a malformed webhook URL fails before a run is started
         if cfg.wandb:
             import wandb
 
@@ -222,9 +228,7 @@ class Monitor:
                 run, owns = start_run(cfg.wandb_project, cfg.wandb_mode), True
             if run is not None:
                 self.run = run
-                self.sinks.append(
-                    WandbSink(run, owns_run=owns, alerts=cfg.alerts, alert_cooldown_s=cfg.alert_cooldown_s)
-                )
+                self.sinks.append(WandbSink(run, owns_run=owns))
         if cfg.journal:
             path = cfg.journal_path
             if path is None and self.run is not None and getattr(self.run, "dir", None):
@@ -232,6 +236,13 @@ class Monitor:
             if path is not None:
                 self.journal_path = Path(path)
                 self.sinks.append(JournalSink(path))
+        if cfg.alerts and cfg.wandb_alerts and self.run is not None:
+            channels.insert(0, WandbAlerts(self.run, wait_duration_s=cfg.alert_cooldown_s))
+        if channels:
+            self._alerts = AlertSink(
+                AlertPolicy.from_config(cfg), channels, run=RunRef.of(self.run), flush_s=cfg.alert_flush_s
+            )
+            self.sinks.append(self._alerts)
         if cfg.console:
             self.sinks.append(ConsoleSink())
         self.sinks.extend(extra or [])
@@ -416,6 +427,32 @@ class Monitor:
         if self._compiled_seen and self.acts is not None:
             self._disable_activations("the model runs inside a torch.compile graph")
         self._schedule_activations()
+        if self._health_error is not None:
+            self._raise_health_error()
+
+    # ------------------------------------------------------------------ on_nonfinite: raise / stop
+    def _on_nonfinite(self, event: Event) -> None:
+        """``on_nonfinite="raise"``: arm TrainingHealthError for the step clock; ``"stop"``: set should_stop."""
+        policy = self.config.on_nonfinite
+        if event.cleared or event.kind not in NONFINITE_KINDS or policy not in ("raise", "stop"):
+            return
+        if policy == "stop":
+            if not self.should_stop:
+                self.should_stop = True
+                warnings.warn(
+                    f"wbdebug: {event.headline()}; monitor.should_stop is now True (on_nonfinite='stop'): "
+                    "end the training loop with `if monitor.should_stop: break`.",
+                    RuntimeWarning, stacklevel=2,
+                )
+        elif self._health_error is None and not self._closed:
+            self._health_error = TrainingHealthError(event)
+
+    def _raise_health_error(self) -> None:
+        """Raise from the optimizer step that read the NaN back — once its alerts are out (bounded wait)."""
+        error, self._health_error = self._health_error, None
+        if self._alerts is not None:
+            self._alerts.flush(self.config.alert_flush_s)
+        raise error
 
     # ------------------------------------------------------------------ forensics and recovery
     def _maybe_replay(self) -> None:
@@ -654,6 +691,8 @@ class Monitor:
         self.events.append(event)
         for sink in self.sinks:
             self._call_sink(sink, "emit", event)
+        if event.kind in NONFINITE_KINDS:
+            self._on_nonfinite(event)
 
 
     def _call_sink(self, sink: Sink, method: str, *args: Any) -> None:
@@ -671,6 +710,8 @@ class Monitor:
                 return None
             try:
                 return fn(*args, **kwargs)
+            except TrainingHealthError:
+                raise  # on_nonfinite="raise": meant for the training loop, not a failure of wbdebug
             except Exception as exc:  # noqa: BLE001
                 self._internal_error(getattr(fn, "__name__", "hook"), exc)
                 return None

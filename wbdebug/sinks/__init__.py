@@ -24,6 +24,11 @@ class Sink(Protocol):
 from wbdebug.sinks.console import ConsoleSink  # noqa: E402
 from wbdebug.sinks.journal import JournalSink, read_journal  # noqa: E402
 from wbdebug.sinks.memory import MemorySink  # noqa: E402
-from wbdebug.sinks.wandb import WandbSink, start_run  # noqa: E402
+from wbdebug.sinks.slack import SlackChannel  # noqa: E402
+from wbdebug.sinks.wandb import WandbAlerts, WandbSink, start_run  # noqa: E402
+from wbdebug.sinks.webhook import WebhookChannel  # noqa: E402
 
-__all__ = ["ConsoleSink", "JournalSink", "MemorySink", "Sink", "WandbSink", "read_journal", "start_run"]
+__all__ = [
+    "ConsoleSink", "JournalSink", "MemorySink", "Sink", "SlackChannel", "WandbAlerts", "WandbSink", "WebhookChannel",
+    "read_journal", "start_run",
+]

@@ -1,18 +1,18 @@
-"""W&B sink: metrics against wbdebug's own step metric, alerts for warnings and errors, an events table."""
+"""W&B sink: metrics against wbdebug's own step metric and an events table; W&B's alert channel (run.alert)."""
 
 from __future__ import annotations
 
 import netrc
 import os
-import time
 from typing import Any
 from urllib.parse import urlparse
 
 from wbdebug import keys
+from wbdebug.alerts import TITLE_LIMIT, Alert
 from wbdebug.events import Event
 
-TITLE_LIMIT = 64  # W&B's limit on alert titles
 _LEVELS = {"info": "INFO", "warning": "WARN", "error": "ERROR"}
+__all__ = ["TITLE_LIMIT", "WandbAlerts", "WandbSink", "has_api_key", "start_run"]
 
 
 def has_api_key() -> bool:
@@ -44,14 +44,11 @@ def start_run(project: str, mode: str = "auto", **init_kwargs: Any):
 
 
 class WandbSink:
-    """Writes to one W&B run; finishes it at close() only if wbdebug started it."""
+    """Writes to one W&B run; finishes it at close() only if wbdebug started it. Alerts: :class:`WandbAlerts`."""
 
-    def __init__(self, run: Any, *, owns_run: bool, alerts: bool = True, alert_cooldown_s: float = 300.0) -> None:
+    def __init__(self, run: Any, *, owns_run: bool) -> None:
         self.run = run
         self.owns_run = owns_run
-        self.alerts = alerts
-        self.alert_cooldown_s = alert_cooldown_s
-        self._last_alert: dict[tuple[str, str | None], float] = {}
         run.define_metric(keys.STEP, hidden=True)
         run.define_metric(f"{keys.PREFIX}/*", step_metric=keys.STEP)
 
@@ -60,22 +57,7 @@ class WandbSink:
         self.run.log({**metrics, keys.STEP: step})
 
     def emit(self, event: Event) -> None:
-        if not self.alerts or event.severity == "info":
-            return
-        key = (event.kind.value, event.layer)
-        now = time.monotonic()
-        last = self._last_alert.get(key)
-        if last is not None and now - last < self.alert_cooldown_s:
-            return  # the client forwards wait_duration but does not enforce it
-        self._last_alert[key] = now
-        import wandb
-
-        self.run.alert(
-            title=alert_title(event, getattr(self.run, "name", None)),
-            text=alert_text(event),
-            level=getattr(wandb.AlertLevel, _LEVELS[event.severity]),
-            wait_duration=int(self.alert_cooldown_s),
-        )
+        pass  # events reach W&B as alerts (WandbAlerts, under the shared policy) and as the table at close()
 
     def close(self, events: list[Event]) -> None:
         import wandb
@@ -92,17 +74,32 @@ class WandbSink:
             self.run.finish()
 
 
-def alert_title(event: Event, run_name: str | None = None) -> str:
-    """``wbdebug: <kind> in <layer> (<run>)``, cut to W&B's 64 characters."""
-    title = f"wbdebug: {event.kind.value}" + (f" in {event.layer}" if event.layer else "")
-    if run_name:
-        title += f" ({run_name})"
-    return title if len(title) <= TITLE_LIMIT else title[: TITLE_LIMIT - 1] + "…"
+class WandbAlerts:
+    """Alert channel: ``run.alert`` per alert; W&B forwards it to Slack / e-mail per the user's W&B settings.
 
+    The policy (which events, cool-down, escalation, recovery) is :class:`~wbdebug.alerts.AlertPolicy`'s:
+    the client forwards ``wait_duration`` but does not enforce it (two identical alerts within it are both
+    recorded). ``run.alert`` only hands a record to wandb's own service process, so it does not block.
+    """
 
-def alert_text(event: Event) -> str:
-    lines = [event.message, f"step: {event.step}"]
-    if event.value is not None:
-        lines.append(f"value: {event.value:.4g}" + (f" (threshold {event.threshold:.4g})" if event.threshold is not None else ""))
-    lines.append(f"fix: {event.fix}")
-    return "\n".join(lines)
+    name = "W&B"
+
+    def __init__(self, run: Any, *, wait_duration_s: float = 300.0) -> None:
+        self.run = run
+        self.wait_duration_s = wait_duration_s
+
+    def send(self, alert: Alert) -> None:
+        import wandb
+
+        self.run.alert(
+            title=alert.title,
+            text=alert.text(),
+            level=getattr(wandb.AlertLevel, _LEVELS[alert.level]),
+            wait_duration=max(1, int(self.wait_duration_s)),
+        )
+
+    def flush(self, timeout: float) -> bool:
+        return True
+
+    def close(self, timeout: float) -> None:
+        pass
