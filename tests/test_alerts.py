@@ -17,7 +17,7 @@ from wbdebug.events import Event
 from wbdebug.sinks.wandb import TITLE_LIMIT
 from conftest import alerts, read_run
 from models import mlp, train
-from test_slack import FAST, blocks_text, slack  # noqa: F401 - the real-HTTP Slack stand-in fixture
+from test_slack import FAST, SECRET, blocks_text, slack  # noqa: F401 - the real-HTTP Slack stand-in fixture
 
 
 class Clock:
@@ -178,6 +178,8 @@ def test_wandb_alerts_match_slack_and_never_repeat_within_the_wait(offline_wandb
     ]
     run_dir = str(Path(monitor.run.dir).parent)
     assert f"wandb sync {run_dir}" in blocks_text(server.posts[-1])
+    for path in Path(run_dir).rglob("*"):  # the secret is nowhere in the run (config, logs, alerts)
+        assert not path.is_file() or SECRET.encode() not in path.read_bytes(), path
     nan_alert = monitor._alerts.sent[4]
     assert f"run: offline run {run_dir}" in nan_alert.text() and "step: 150" in nan_alert.text()
 

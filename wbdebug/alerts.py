@@ -112,6 +112,13 @@ def metric_of(event: Event) -> str | None:
     return None
 
 
+#: Kinds whose event value is the metric itself (so it can close the series of recent values).
+_VALUE_IS_METRIC = frozenset({
+    EventKind.NONFINITE_LOSS, EventKind.LOSS_SPIKE, EventKind.INITIAL_LOSS, EventKind.EXPLODING_GRADIENTS,
+    EventKind.VANISHING_GRADIENTS,
+})
+
+
 def fmt(x: float | None) -> str:
     """A number for people: 4 significant digits, nan/inf spelled out."""
     if x is None:
@@ -466,9 +473,13 @@ class AlertSink:
 
     def _dispatch(self, alerts: list[Alert]) -> None:
         for alert in alerts:
-            metric = metric_of(alert.event)
-            recent = self._recent.get(metric, ()) if metric else ()
-            alert = replace(alert, run=self.run, metric=metric, recent=tuple(recent)[-self._recent_len:])
+            e = alert.event
+            metric = metric_of(e)
+            recent = list(self._recent.get(metric, ())) if metric else []
+            if (e.kind in _VALUE_IS_METRIC and e.value is not None and alert.reason != "recovered"
+                    and (not recent or recent[-1][0] < e.step)):
+                recent.append((e.step, e.value))  # the event's own step, not logged yet
+            alert = replace(alert, run=self.run, metric=metric, recent=tuple(recent[-self._recent_len:]))
             self.sent.append(alert)
             if len(self.sent) > 1000:
                 del self.sent[:500]
