@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -121,7 +122,10 @@ def prediction(output: Any) -> torch.Tensor:
 def compute_loss(criterion: Any, pred: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """``criterion(pred, targets)`` as a scalar (the mean of an unreduced loss), or a one-line ValueError."""
     try:
-        loss = criterion(pred, targets)
+        with warnings.catch_warnings():
+            # MSELoss/L1Loss broadcast (N, C) against (N,) silently, with only this warning
+            warnings.filterwarnings("error", message=".*target size.*different to the input size")
+            loss = criterion(pred, targets)
     except Exception as exc:
         raise ValueError(
             f"the criterion {criterion_name(criterion)} does not accept the model output {describe(pred)} "
