@@ -363,3 +363,27 @@ def test_checks_are_public():
     for name in ("overfit_one_batch", "check_initial_loss", "inspect_data", "preflight", "CheckResult", "Report",
                  "CheckSetup"):
         assert name in wbdebug.__all__ and hasattr(wbdebug, name)
+
+
+def test_progress_is_reported_each_step_with_a_loss_every_readback(digits):
+    model, opt, crit = fresh()
+    calls = []
+    result = overfit_one_batch(model, micro(digits), crit, opt, steps=25, target=1e-9,
+                               progress=lambda done, loss: calls.append((done, loss)))
+    assert [d for d, _ in calls] == list(range(1, 26))
+    assert [d for d, loss in calls if loss is not None] == [10, 20, 25]
+    assert calls[-1][1] == result.loss_curve[-1]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_checks_run_on_the_models_device_and_restore_it(digits):
+    x, y, xv, yv = digits
+    model, _, crit = fresh()
+    model.cuda()
+    opt = torch.optim.Adam(model.parameters(), 1e-3)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    cuda_rng = torch.cuda.get_rng_state()
+    report = preflight(model, (x, y), crit, opt, val=(xv, yv), num_classes=10)  # CPU batches, CUDA model
+    assert report.passed, report.events
+    assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
+    assert torch.equal(cuda_rng, torch.cuda.get_rng_state())

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -155,6 +154,7 @@ BAD_INPUT = [
     (["--factory", "myfactories:raises"], "factory myfactories:raises raised RuntimeError: dataset path"),
     (["--factory", "myfactories:healthy", "--param", "depth=3"], "has no parameter 'depth'; it accepts: width"),
     (["--factory", "myfactories:healthy", "--check", "gradients"], "unknown check 'gradients'"),
+    (["--factory", "myfactories:healthy", "--steps", "many"], "--steps must be a positive integer, got 'many'"),
 ]
 
 

@@ -108,6 +108,14 @@ def test_clean_images_unit_range_and_standardised_are_quiet():
     assert loud(inspect_data(train, Images(200, 1, standardise), num_classes=4)) == {}
 
 
+def test_one_hot_and_probability_targets_are_not_class_indices(digits):
+    x, y, xv, yv = digits
+    onehot = torch.nn.functional.one_hot(y, 10).float()
+    smooth = onehot * 0.9 + 0.01
+    for targets in (onehot, smooth):
+        assert loud(inspect_data((x, targets), num_classes=10)) == {}
+
+
 # --- unnormalized_inputs --------------------------------------------------------------------------------
 
 
@@ -120,6 +128,8 @@ def test_raw_0_255_pixels_are_an_error_as_uint8_and_as_floats():
         assert "raw 8-bit values" in events[0].message and "255" in events[0].fix
     channels_last = raw.permute(0, 2, 3, 1).numpy().astype(np.uint8)  # HWC numpy, as images load
     assert loud(inspect_data((channels_last, images.y.numpy()))) == {K.UNNORMALIZED_INPUTS: "error"}
+    flat = raw[:, 0].reshape(400, 256)  # flattened grey images, as float
+    assert loud(inspect_data((flat, images.y))) == {K.UNNORMALIZED_INPUTS: "error"}
 
 
 def test_features_far_from_standard_and_on_different_scales(digits):

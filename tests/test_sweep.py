@@ -68,6 +68,19 @@ def test_local_points_are_sweeps_next_run_in_plain_python_and_the_agents_command
     assert type(plain(np.float64(0.5))) is float
 
 
+def test_random_and_bayes_points_come_from_sweeps_and_bayes_learns_from_reported_metrics():
+    space = {"lr": {"distribution": "log_uniform_values", "min": 1e-4, "max": 1e-1}, "seed": {"values": [0, 1]}}
+    random = [c for c, _ in suggestions({"method": "random", "parameters": space}, 3)]
+    assert len(random) == 3 and all(type(c["lr"]["value"]) is float and 1e-4 <= c["lr"]["value"] <= 1e-1 for c in random)
+    bayes = {"method": "bayes", "metric": {"name": "wbdebug/check/overfit/final_loss", "goal": "minimize"},
+             "parameters": space}
+    seen = []
+    for config, record in suggestions(bayes, 4):
+        seen.append(config["lr"]["value"])
+        record({"metrics": {"wbdebug/check/overfit/final_loss": abs(np.log10(config["lr"]["value"]) + 2)}})
+    assert len(seen) == 4 and len(set(seen)) == 4
+
+
 def test_validate_prints_violations_in_wandbs_own_words(env, tmp_path):
     proc = wbdebug("sweep", "--validate", str(SANITY), env=env)
     assert proc.returncode == 0 and "valid W&B sweep config" in proc.stdout

@@ -77,6 +77,17 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
+def _positive_int(text: str, option: str) -> int:
+    """Parsed here rather than by typer, so a bad value is one line like every other bad input."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        fail(f"{option} must be a positive integer, got {text!r}")
+    return value
+
+
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def check(
     ctx: typer.Context,
@@ -84,7 +95,7 @@ def check(
         None, "--factory", help="package.module:function returning a wbdebug.CheckSetup (or a dict of its fields)."
     ),
     which: str = typer.Option("all", "--check", help="Which check: overfit, initial_loss, data or all."),
-    steps: int = typer.Option(200, "--steps", help="Most overfit-one-batch steps."),
+    steps_text: str = typer.Option("200", "--steps", metavar="N", help="Most overfit-one-batch steps."),
     param: Optional[list[str]] = typer.Option(
         None, "--param", help="key=value passed to the factory; repeatable. Extra --key=value options work too."
     ),
@@ -111,8 +122,7 @@ def check(
         fail("--factory is required; expected package.module:function, e.g. --factory examples.digits:build")
     if which not in (*CHECKS, "all"):
         fail(f"unknown check {which!r}; expected one of: {', '.join(CHECKS)}, all")
-    if steps < 1:
-        fail(f"--steps must be at least 1, got {steps}")
+    steps = _positive_int(steps_text, "--steps")
     os.environ.setdefault("WANDB_SILENT", "true")
     checks = list(CHECKS) if which == "all" else [which]
     try:
@@ -132,7 +142,7 @@ def check(
                 num_classes=setup.num_classes, checks=checks, steps=steps, progress=progress,
             )
             bar.update(task, total=max(len(report.loss_curve), 1))
-        run_dir = _log_check_run(report, {"factory": factory, "check": which, "steps": steps, **params})
+        run_dir, offline = _log_check_run(report, {"factory": factory, "check": which, "steps": steps, **params})
     except Exception as exc:  # bad input, or the user's code failing on it: one line unless --verbose
         if verbose:
             traceback.print_exc()
@@ -140,6 +150,8 @@ def check(
     print_report(report, Console(highlight=False))
     if run_dir:
         typer.echo(f"W&B run directory: {run_dir}")
+        if offline:
+            typer.echo(f"Upload it with:  wandb sync {run_dir}")
     if os.environ.get(REPORT_ENV):
         with open(os.environ[REPORT_ENV], "w") as f:
             json.dump({"report": report.model_dump(mode="json"), "metrics": report.summary_metrics(),
@@ -147,26 +159,30 @@ def check(
     raise typer.Exit(0 if report.passed else 1)
 
 
-def _log_check_run(report, config: dict) -> Optional[str]:
-    """Write the report to a W&B run wbdebug starts (unless WBDEBUG_WANDB=false); its directory."""
+def _log_check_run(report, config: dict) -> tuple[Optional[str], bool]:
+    """Write the report to a W&B run wbdebug starts (unless WBDEBUG_WANDB=false): its directory, and
+    whether it is offline."""
     from wbdebug.checks.wandb_log import log_report
     from wbdebug.config import Config
     from wbdebug.sinks.wandb import start_run
 
     cfg = Config()
     if not cfg.wandb or cfg.wandb_mode == "disabled":
-        return None
+        return None, False
     run = start_run(cfg.wandb_project, cfg.wandb_mode, job_type="preflight", config=config)
     run_dir = os.path.dirname(run.dir.rstrip("/"))
+    offline = getattr(run.settings, "mode", "") == "offline"
     log_report(run, report)
-    return run_dir
+    return run_dir, offline
 
 
 @app.command()
 def sweep(
     file: str = typer.Argument(..., help="A W&B sweep config (YAML), e.g. sweeps/sanity.yaml."),
     validate: bool = typer.Option(False, "--validate", help="Only check it against W&B's sweep schema."),
-    count: Optional[int] = typer.Option(None, "--count", help="Most points to run (required for random/bayes)."),
+    count_text: Optional[str] = typer.Option(
+        None, "--count", metavar="N", help="Most points to run (required for random/bayes)."
+    ),
     verbose: bool = typer.Option(False, "--verbose", help="Show each point's output and tracebacks."),
 ) -> None:
     """Run a W&B sweep's points locally, one offline W&B run each, and tabulate which passed.
@@ -183,8 +199,7 @@ def sweep(
 
     from wbdebug.checks.sweep import load_config, run_sweep, schema_violations
 
-    if count is not None and count < 1:
-        fail(f"--count must be at least 1, got {count}")
+    count = None if count_text is None else _positive_int(count_text, "--count")
     os.environ.setdefault("WANDB_SILENT", "true")
     if validate:
         try:

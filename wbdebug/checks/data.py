@@ -52,6 +52,7 @@ class SplitScan:
     targets: list[np.ndarray] = field(default_factory=list)
     kept: int = 0
     scalar_targets: bool = True
+    soft_targets: bool = False
     float_targets: bool = False
     label_counts: Counter = field(default_factory=Counter)
     nonintegral_labels: bool = False
@@ -124,7 +125,7 @@ def judge(s: SplitScan, num_classes: int | None) -> list[Event]:
             s.name, mean, std, s.vmin, s.vmax, names=s.names, integral=s.integral, uint8=s.uint8,
             image_like=s.image_like,
         )
-    classes = is_classification(s, num_classes)
+    classes = is_classification(s, num_classes) and not s.soft_targets
     if classes:
         events += rules.label_events(
             s.name, s.label_counts, nonintegral=s.nonintegral_labels, num_classes=num_classes, rows=s.rows
@@ -218,6 +219,9 @@ def _measure_targets(s: SplitScan, t: torch.Tensor) -> None:
     if t.ndim > 2 or (t.ndim == 2 and t.shape[1] != 1):
         s.scalar_targets = False
     s.float_targets = t.is_floating_point()
+    if t.is_floating_point() and t.ndim >= 2 and t.shape[1] > 1:
+        s.soft_targets = True  # one-hot / probability targets (N, C, ...): not class indices
+        return
     flat = t.reshape(-1)
     if t.is_floating_point():
         flat = flat.double()

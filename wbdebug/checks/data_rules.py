@@ -51,7 +51,8 @@ def normalization_events(
     names: list[str], integral: bool, uint8: bool, image_like: bool,
 ) -> list[Event]:
     """``unnormalized_inputs``: raw 8-bit pixels, features far from mean 0 / std 1, wildly different scales."""
-    if uint8 or (integral and vmin >= 0 and 1 < vmax <= 255 and (image_like or vmax > 127)):
+    # 8-bit pixels: uint8, or integers in [0, 255] shaped like images (N, C, H, W) or flattened ones (>= 64 columns)
+    if uint8 or (integral and vmin >= 0 and 1 < vmax <= 255 and (image_like or (vmax > 127 and len(names) >= 64))):
         return [Event(
             kind=EventKind.UNNORMALIZED_INPUTS, severity="error", step=0, layer=split, value=vmax, threshold=1.0,
             message=(
