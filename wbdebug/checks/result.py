@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field, computed_field
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from wbdebug.events import Event
 
@@ -21,6 +21,8 @@ def has_error(events: list[Event]) -> bool:
 
 class CheckResult(BaseModel):
     """The outcome of one check: passed or not, the events that say why, and its measurements."""
+
+    model_config = ConfigDict(ser_json_inf_nan="constants")  # a diverged loss curve survives a JSON round trip
 
     name: CheckName
     passed: bool
