@@ -133,6 +133,7 @@ def test_one_off_diagnoses_get_no_reminders_or_recovery():
 # ------------------------------------------------------------------------------ content
 @pytest.mark.parametrize("kind, layer, tag, run, expected", [
     ("loss_spike", None, "", "digits-1", "wbdebug: loss_spike (digits-1)"),
+    ("loss_spike", None, "", "sweep-lr-3e-4-batch-512-seed-7", "wbdebug: loss_spike (sweep-lr-3e-4-batch-512-seed-7)"),
     ("nonfinite_loss", "(input)", "", "abc123", "wbdebug: nonfinite_loss in (input) (abc123)"),
     ("dead_activations", "3", "recovered", None, "wbdebug: dead_activations in 3 recovered"),
     ("vanishing_gradients", "encoder.layers.11.self_attn.out_proj", "still active", "a-very-long-run-name-from-a-sweep-42",

@@ -243,6 +243,8 @@ def alert_title(kind: str, layer: str | None = None, tag: str = "", run_name: st
         return name if name is None or len(name) <= n else "…" + name[-(n - 1):]
 
     title = build(layer, run_name)
+    if len(title) <= TITLE_LIMIT:
+        return title
     run_name = head(run_name, 16)
     for n in range(len(layer or ""), 4, -1):  # the layer's tail is its most specific part
         title = build(tail(layer, n), run_name)

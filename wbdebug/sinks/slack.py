@@ -97,11 +97,15 @@ def slack_message(alerts: list[Alert]) -> dict[str, Any]:
 
 
 class SlackChannel(Delivery):
-    """Sends alerts to a Slack incoming webhook as Block Kit, one message per incident (step)."""
+    """Sends alerts to a Slack incoming webhook as Block Kit, one message per incident.
+
+    Alerts of the same step that arrive within ``group_s`` (1 s) of the first are one message (close()
+    and flush() take what is already queued without waiting).
+    """
 
     name = "Slack"
 
-    def __init__(self, url: SecretStr | str, *, group_s: float = 0.5, **options: Any) -> None:
+    def __init__(self, url: SecretStr | str, *, group_s: float = 1.0, **options: Any) -> None:
         options.setdefault("setting", "slack_webhook_url")
         super().__init__(url, group_s=group_s, **options)
 

@@ -22,6 +22,8 @@ import warnings
 import weakref
 from collections import deque
 from typing import Any, Hashable
+from urllib.parse import urlsplit
+from urllib.request import proxy_bypass
 
 from pydantic import SecretStr
 
@@ -106,6 +108,8 @@ class Delivery:
             self.name = name
         self._url = secret_value(url, setting)
         self._client = WebhookClient(self._url, timeout=timeout_s, retry_handlers=[], logger=_SILENT)
+        if self._client.proxy and proxy_bypass(urlsplit(self._url).hostname or ""):
+            self._client.proxy = None  # slack_sdk reads HTTPS_PROXY but not NO_PROXY
         self.timeout_s = timeout_s
         self.retry_s = retry_s
         self.backoff_s = backoff_s
