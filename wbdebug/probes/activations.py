@@ -27,17 +27,19 @@ def activation_stats(x: torch.Tensor, unit_dim: int) -> torch.Tensor:
     """[fraction of zero elements, fraction of units zero for every sample, 1.0 if any value non-finite].
 
     A unit is a feature (last dim) for dense activations and a channel (dim 1) for images; a unit is
-    dead when it is zero across the whole batch (and every position).
+    dead when it is zero across the whole batch (and every position). Three passes over ``x``: the
+    non-zero mask, its per-unit count (both fractions come from it), and a sum whose finiteness
+    stands for the tensor's (a NaN or Inf anywhere makes the sum non-finite).
     """
     nonzero = x != 0
-    zero_frac = 1.0 - torch.count_nonzero(nonzero).float() / nonzero.numel()
     if nonzero.ndim >= 2:
         other = tuple(d for d in range(nonzero.ndim) if d != unit_dim % nonzero.ndim)
-        alive = nonzero.any(dim=other)
+        per_unit = nonzero.sum(dim=other)
     else:
-        alive = nonzero
-    dead_frac = 1.0 - alive.float().mean()
-    nonfinite = (~torch.isfinite(x).all()).float()
+        per_unit = nonzero.long()
+    zero_frac = 1.0 - per_unit.sum().float() / nonzero.numel()
+    dead_frac = (per_unit == 0).float().mean()
+    nonfinite = (~torch.isfinite(x.sum(dtype=torch.float32))).float()
     return torch.stack([zero_frac, dead_frac, nonfinite])
 
 
