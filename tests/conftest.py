@@ -35,6 +35,25 @@ def _isolated_env(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models: one thread is fastest, and immune to other processes contending for the cores."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def digits():
+    """The standardised digits split (train x, train y, val x, val y)."""
+    from wbdebug.demo import digits_tensors
+
+    return digits_tensors()
+
+
 def read_run(run_dir: str | Path) -> list[dict]:
     """Every record of an offline run, decoded by wandb's own reader (`wandb leet inspect --json`)."""
     wandb_bin = Path(sys.executable).parent / "wandb"

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import wbdebug
 from wbdebug import CheckResult, EventKind as K, Report, check_initial_loss, overfit_one_batch, preflight
 from wbdebug.checks.overfit import TARGET_FRACTION, describe_curve
-from wbdebug.demo import digits_mlp, digits_tensors
+from wbdebug.demo import digits_mlp
 from models import HEALTHY
 
 REPO = Path(__file__).resolve().parents[1]
@@ -24,18 +24,7 @@ sys.path.insert(0, str(REPO))  # examples/ is a folder of the repository, not an
 from examples import digits as example  # noqa: E402
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one thread is fastest, and immune to other processes contending for the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def digits():
-    return digits_tensors()
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def micro(digits, n=10):

@@ -9,20 +9,9 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from wbdebug import EventKind as K, inspect_data
 from wbdebug.checks.data_rules import lookup_accuracy
-from wbdebug.demo import digits_tensors
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def digits():
-    return digits_tensors()
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def loader(x, y, batch_size=64, shuffle=True):
