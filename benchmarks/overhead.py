@@ -783,6 +783,8 @@ def report(results: list[Result], log_cost: float, growth: dict[str, Growth], ar
 
 
 MID = ("CNN+BN", "Transformer")
+#: Everything after this line of RESULTS.md is written by hand and kept when the file is regenerated.
+NOTES = "<!-- notes: kept across runs -->\n"
 
 
 def targets(results: list[Result]) -> list[tuple[str, str, bool]]:
@@ -891,8 +893,9 @@ def main() -> None:
     text = report(results, cost, growth, args, time.perf_counter() - t0)
     print(text)
     if out is not None:
-        out.write_text(text)
-        log(f"wrote {out}")
+        notes = out.read_text().partition(NOTES)[2] if out.exists() else ""
+        out.write_text(text + (f"\n{NOTES}{notes}" if notes.strip() else ""))
+        log(f"wrote {out}" + (" (hand-written notes kept: re-check them against the new numbers)" if notes.strip() else ""))
 
 
 if __name__ == "__main__":
