@@ -154,6 +154,7 @@ class Monitor:
         self.journal_path: Path | None = None
         self._fresh_acts: dict[str, tuple[float, float, bool]] = {}
         self._compiled_seen = False
+        self._input_layers = frozenset(name for name, _, is_weight in (self.acts.layers if self.acts else []) if is_weight)
         self.amp_overflows = 0
         # recovery and forensics
         rolls_back = "rollback" in (config.on_spike, config.on_nonfinite)
@@ -647,6 +648,7 @@ class Monitor:
                     act_names[k]: (mean[s], mean[s + 1], mean[s + 2] > 0) for k, s in zip(meta.activations, slot)
                 }
                 self._fresh_acts.update(stats.activations)
+                stats.measured_at_input = self._input_layers
             row_events = [
                 event
                 for detector in (self.loss_detector, self.grad_detector, self.dead_detector, self.amp_detector)

@@ -22,6 +22,8 @@ class StepStats:
     grad_layers: dict[str, float] = field(default_factory=dict)
     #: layer -> (zero fraction, dead-unit fraction, non-finite flag); forward order; sampled steps only.
     activations: dict[str, tuple[float, float, bool]] | None = None
+    #: layers whose statistics are of their input (weight layers), not their output.
+    measured_at_input: frozenset[str] = frozenset()
     #: whether the model's input batch held NaN/Inf (sampled steps only).
     input_nonfinite: bool | None = None
     #: NaN forensics (replay): the module that created the first non-finite value, and how.

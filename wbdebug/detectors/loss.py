@@ -183,4 +183,6 @@ def _where(stats: StepStats) -> str:
     layer = _first_nonfinite_layer(stats)
     if layer == INPUT:
         return "; the model's input batch already holds NaN/Inf (a corrupt sample or a broken transform)"
-    return f"; the first non-finite values appear in {layer}" if layer else ""
+    if layer in stats.measured_at_input:
+        return f"; the first non-finite values appear in the input of {layer} (forward order)"
+    return f"; the first non-finite values appear in the output of {layer} (forward order)" if layer else ""
