@@ -28,8 +28,7 @@ from wbdebug import keys
 
 _SKIP_DIRS = (str(Path(torch.__file__).parent), str(Path(__file__).parent))
 _USER_FILES = (str(Path(__file__).parent / "demo.py"),)  # wbdebug's own demo model is user code
-INPUT = "(input)"
-LOSS = "(loss)"
+INPUT, LOSS = keys.INPUT_NAME, keys.LOSS_NAME
 
 
 @dataclass

@@ -9,6 +9,8 @@ GRAD_NORM_TOTAL = f"{PREFIX}/grad_norm_total"
 EVENTS_TABLE = f"{PREFIX}/events"
 EVENT_COUNT = f"{PREFIX}/event_count"
 ROOT_NAME = "(root)"
+INPUT_NAME = "(input)"  # where a NaN is named when the model's input batch already held it
+LOSS_NAME = "(loss)"  # where a NaN is named when the loss computation created it
 
 
 def layer_name(qualified_name: str) -> str:

@@ -34,7 +34,7 @@ from wbdebug.recovery import Cooldown, RollbackBudget, Snapshotter
 from wbdebug.detectors.loss import CROSS_ENTROPY
 from wbdebug.events import Event, EventKind
 from wbdebug.probes.activations import ActivationProbe, activation_layers
-from wbdebug.probes.gradients import GradientProbe, parameterised_layers
+from wbdebug.probes.gradients import GradientProbe, parameterised_layers, squared_norms
 from wbdebug.probes.loss import (
     as_scalar_loss,
     classes_in_logits,
@@ -552,8 +552,7 @@ class Monitor:
         n = len(rows)
         packet = self._buf[:n].reshape(-1)
         if collective and self.world_size > 1:
-            params = [p.detach() for p in self.grads.params]
-            param_norm = torch.stack(torch._foreach_norm(params, 2, dtype=torch.float32)).norm()
+            param_norm = torch.stack(squared_norms([p.detach() for p in self.grads.params])).sum().sqrt()
             packet = gather_packets(torch.cat([packet, param_norm.to(packet.device).reshape(1)]), self.world_size)
         else:
             packet = packet.reshape(1, -1)

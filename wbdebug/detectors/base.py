@@ -76,11 +76,6 @@ class RollingWindow:
     def median(self) -> float:
         return statistics.median(self.values)
 
-    def robust_std(self) -> float:
-        """1.4826 × median absolute deviation: the standard deviation for Gaussian noise, robust to outliers."""
-        m = self.median()
-        return 1.4826 * statistics.median(abs(v - m) for v in self.values)
-
     def jump_threshold(self, factor: float, tail: float) -> float:
         """See :func:`jump_threshold`."""
         return jump_threshold(list(self.values), factor, tail)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from wbdebug import keys
 from wbdebug.detectors.base import ConditionTracker, RollingWindow, StepStats, is_finite
 from wbdebug.events import Event, EventKind, Severity
 
@@ -154,7 +155,7 @@ class LossDetector:
         self.conditions.load_state_dict(state["conditions"])
 
 
-INPUT = "(input)"
+INPUT = keys.INPUT_NAME
 
 
 def _first_nonfinite_layer(stats: StepStats) -> str | None:

@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from wbdebug.events import Event
+from wbdebug.events import SEVERITY_RANK, Event
 
 _STYLE = {"info": "dim", "warning": "yellow", "error": "bold red"}
 
@@ -36,13 +36,12 @@ def summary_table(events: list[Event]) -> Table:
     for col in ("kind", "layer", "worst", "first step", "events"):
         table.add_column(col)
     rows: dict[tuple[str, str], list] = {}
-    rank = {"info": 0, "warning": 1, "error": 2}
     for e in events:
         if e.cleared:
             continue
         key = (e.kind.value, e.layer or "")
         row = rows.setdefault(key, [e.severity, e.step, 0])
-        if rank[e.severity] > rank[row[0]]:
+        if SEVERITY_RANK[e.severity] > SEVERITY_RANK[row[0]]:
             row[0] = e.severity
         row[2] += 1
     if not rows:
