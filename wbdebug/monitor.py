@@ -33,7 +33,7 @@ from wbdebug.forensics import Finding, replay
 from wbdebug.recovery import Cooldown, RollbackBudget, Snapshotter
 from wbdebug.detectors.loss import CROSS_ENTROPY
 from wbdebug.events import Event, EventKind
-from wbdebug.probes.activations import ActivationProbe, activation_layers
+from wbdebug.probes.activations import STATS_PER_LAYER, ActivationProbe, activation_fractions, activation_layers
 from wbdebug.probes.gradients import GradientProbe, parameterised_layers, squared_norms
 from wbdebug.probes.loss import (
     as_scalar_loss,
@@ -61,7 +61,7 @@ class _Row:
     step: int
     loss_seen: bool = False
     params: tuple[int, ...] = ()
-    activations: list[int] | None = None
+    activations: list[tuple[int, int, int]] | None = None  # (layer, elements, units) measured
     input_measured: bool = False
     amp: bool = False
 
@@ -136,7 +136,7 @@ class Monitor:
         self._g0 = 3
         self._a0 = self._g0 + self.grads.width
         width = self._a0 + (self.acts.width if self.acts else 0)
-        self._buf = torch.full((config.check_every, width), math.nan, device=device)
+        self._buf = torch.full((config.check_every, width), math.nan, device=device, dtype=torch.float32)
         self._pinned: list[torch.Tensor] = []
         if device.type == "cuda":
             self._pinned = [torch.empty_like(self._buf, device="cpu").pin_memory() for _ in range(2)]
@@ -639,13 +639,13 @@ class Monitor:
                     local_np[i, self._g0 : self._a0], meta.params
                 )
             if meta.input_measured:
-                stats.input_nonfinite = vals[self._a0] > 0
+                stats.input_nonfinite = not math.isfinite(vals[self._a0])
             if meta.activations:
-                slot = [self._a0 + self.acts.slot(i) for i in meta.activations]
-                mean = mean_rows[i]  # activation statistics are averaged over ranks
-                stats.activations = {
-                    act_names[k]: (mean[s], mean[s + 1], mean[s + 2] > 0) for k, s in zip(meta.activations, slot)
-                }
+                mean = mean_rows[i]  # activation counts are averaged over ranks
+                stats.activations = {}
+                for k, elements, units in meta.activations:
+                    s = self._a0 + self.acts.slot(k)
+                    stats.activations[act_names[k]] = activation_fractions(mean[s : s + STATS_PER_LAYER], elements, units)
                 self._fresh_acts.update(stats.activations)
                 stats.measured_at_input = self._input_layers
             row_events = [
