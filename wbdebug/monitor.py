@@ -15,7 +15,7 @@ import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 from torch import nn
@@ -64,6 +64,13 @@ class _Row:
     activations: list[tuple[int, int, int]] | None = None  # (layer, elements, units) measured
     input_measured: bool = False
     amp: bool = False
+
+
+class _RowViews(NamedTuple):
+    row: torch.Tensor
+    loss: torch.Tensor
+    grads: torch.Tensor
+    acts: torch.Tensor
 
 
 @dataclass
@@ -130,13 +137,16 @@ class Monitor:
 
         layers = parameterised_layers(self.model)
         self.grads = GradientProbe(layers)
-        self.acts = ActivationProbe(self.model, activation_layers(self.model)) if config.activations else None
+        self.acts = ActivationProbe(self.model, activation_layers(self.model), self._guarded) if config.activations else None
         device = next(self.model.parameters()).device
         # Buffer columns: loss, AMP overflow count, AMP scale, gradient norms, activation statistics.
         self._g0 = 3
         self._a0 = self._g0 + self.grads.width
         width = self._a0 + (self.acts.width if self.acts else 0)
         self._buf = torch.full((config.check_every, width), math.nan, device=device, dtype=torch.float32)
+        # Views of each buffer row, built once: slicing a tensor per step costs more than the copy into it.
+        self._check_every, self._activation_every = config.check_every, config.activation_every
+        self._views = [_RowViews(r, r[0], r[self._g0 : self._a0], r[self._a0 :]) for r in self._buf]
         self._pinned: list[torch.Tensor] = []
         if device.type == "cuda":
             self._pinned = [torch.empty_like(self._buf, device="cpu").pin_memory() for _ in range(2)]
@@ -381,18 +391,19 @@ class Monitor:
         self._commit()
 
     # ------------------------------------------------------------------ the step clock
-    def _row(self) -> torch.Tensor:
-        return self._buf[self.step % self.config.check_every]
+    def _views_now(self) -> _RowViews:
+        return self._views[self.step % self._check_every]
 
     def _measure_grads(self) -> None:
-        row = self._row()
+        views = self._views_now()
         scale = self.scaler._get_scale_async() if self.scaler is not None and self.scaler.is_enabled() else None
-        self._cur.params = self.grads.measure(row[self._g0 : self._a0], scale)
+        self._cur.params = self.grads.measure(views.grads, scale)
         if scale is not None and self._cur.params:
             # GradScaler skips optimizer.step() on inf/NaN gradients: count those backward passes on the device.
+            row = views.row
             if not self._grads_measured:
                 row[1] = 0.0
-            row[1] += (~torch.isfinite(row[self._g0 : self._a0].sum())).float()
+            row[1] += (~torch.isfinite(views.grads.sum())).float()
             row[2] = scale.reshape(())
         self._grads_measured = True
 
@@ -401,10 +412,9 @@ class Monitor:
         try:
             if not self._grads_measured:
                 self._measure_grads()  # backward did not flow through a hooked output; measure now
-            row = self._row()
             losses = self._take_losses()
             if losses:
-                row[0] = torch.stack(losses).mean() if len(losses) > 1 else losses[0]
+                self._views_now().loss.copy_(torch.stack(losses).mean() if len(losses) > 1 else losses[0])
                 self._cur.loss_seen = True
             if self.acts is not None and self.acts.attached:
                 if self.acts.order:
@@ -420,7 +430,7 @@ class Monitor:
             self.step += 1
             self._cur = _Row(step=self.step)
             self._grads_measured = False
-            if len(self._rows) == self.config.check_every:
+            if len(self._rows) == self._check_every:
                 self._read_back(collective=True)
         self._poll()
         if self.snapshots is not None and self.step % self.config.snapshot_every == 0:
@@ -461,11 +471,11 @@ class Monitor:
         if self.config.nan_forensics != "replay" or self._replayed or self._batch is None:
             return
         losses = [t for source in self._losses.values() for t in source]
-        row = self._row()
+        grads = self._views_now().grads
         # sync point (replay mode only): one flag per step decides whether this batch must be replayed
         checks = [torch.isfinite(t).all() for t in losses]
         if self._cur.params:
-            checks.append(torch.isfinite(row[self._g0 : self._a0].sum()))
+            checks.append(torch.isfinite(grads.sum()))
         if not checks or bool(torch.stack(checks).all()):
             return
         self._replayed = True
@@ -536,8 +546,8 @@ class Monitor:
         return []
 
     def _schedule_activations(self) -> None:
-        if self.acts is not None and self.step % self.config.activation_every == 0:
-            self.acts.attach(self._row()[self._a0 :], self._guarded)
+        if self.acts is not None and self.step % self._activation_every == 0:
+            self.acts.attach(self._views_now().acts)
 
     # ------------------------------------------------------------------ read-back
     def _read_back(self, collective: bool = False) -> None:
@@ -552,7 +562,7 @@ class Monitor:
         n = len(rows)
         packet = self._buf[:n].reshape(-1)
         if collective and self.world_size > 1:
-            param_norm = torch.stack(squared_norms([p.detach() for p in self.grads.params])).sum().sqrt()
+            param_norm = squared_norms([p.detach() for p in self.grads.params]).sum().sqrt()
             packet = gather_packets(torch.cat([packet, param_norm.to(packet.device).reshape(1)]), self.world_size)
         else:
             packet = packet.reshape(1, -1)
@@ -704,6 +714,7 @@ class Monitor:
 
     def _guarded(self, fn: Callable) -> Callable:
         """Wrap a hook so an exception in it is reported once and training goes on."""
+        name = getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", "hook")  # partials too
 
         @functools.wraps(fn)
         def hook(*args: Any, **kwargs: Any) -> Any:
@@ -714,7 +725,7 @@ class Monitor:
             except TrainingHealthError:
                 raise  # on_nonfinite="raise": meant for the training loop, not a failure of wbdebug
             except Exception as exc:  # noqa: BLE001
-                self._internal_error(getattr(fn, "__name__", "hook"), exc)
+                self._internal_error(name, exc)
                 return None
 
         return hook

@@ -7,6 +7,7 @@ step and removed right after (as Composer's activation monitor does): ordinary s
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -100,20 +101,28 @@ def _unit_dim(module: nn.Module, x: torch.Tensor) -> int:
 class ActivationProbe:
     """Attaches forward hooks for one sampled step; each writes its layer's stats into a buffer slot."""
 
-    def __init__(self, root: nn.Module, layers: list[tuple[str, nn.Module, bool]]) -> None:
+    def __init__(
+        self, root: nn.Module, layers: list[tuple[str, nn.Module, bool]], guard: Callable[[Callable], Callable] = lambda fn: fn
+    ) -> None:
+        """``guard`` wraps every hook (the Monitor's: a failing hook is reported once, never raised)."""
         self.root = root
         self.layers = layers
         self.names = [name for name, _, _ in layers]
         self._handles: list[RemovableHandle] = []
         self._out: torch.Tensor | None = None
         self.input_measured = False
-        self._guard: Callable = lambda fn: fn
         #: (layer index, elements, units) of each layer measured this sampled step, in forward order.
         self.order: list[tuple[int, int, int]] = []
         self._input_ptrs: set[int] = set()
         self._measured_ptrs: set[int] = set()
         self._recorded: set[int] = set()
         self._done = False
+        # Hook callables built once: attach() runs every sampled step and only registers them.
+        self._root_hooks = (guard(self._on_root_input), guard(self._on_root_output))
+        self._layer_hooks = [
+            guard(functools.partial(self._on_weight_input, i)) if is_weight else guard(functools.partial(self._on_output, i))
+            for i, (_, _, is_weight) in enumerate(layers)
+        ]
 
     @property
     def width(self) -> int:
@@ -128,21 +137,18 @@ class ActivationProbe:
     def attached(self) -> bool:
         return bool(self._handles)
 
-    def attach(self, out: torch.Tensor, guard: Callable) -> None:
+    def attach(self, out: torch.Tensor) -> None:
         """Hook every layer for the next training forward; stats go to ``out`` (a 1-D device view)."""
         self.detach()
-        self._out, self._guard, self._done = out, guard, False
+        self._out, self._done = out, False
         self.order, self._input_ptrs, self._measured_ptrs, self._recorded = [], set(), set(), set()
         self.input_measured = False
-        self._handles.append(self.root.register_forward_pre_hook(guard(self._on_root_input)))
-        self._handles.append(self.root.register_forward_hook(guard(self._on_root_output)))
-        for i, (_, module, is_weight) in enumerate(self.layers):
-            if is_weight:
-                hook = guard(lambda m, args, i=i: self._record(i, m, args[0] if args else None, True))
-                self._handles.append(module.register_forward_pre_hook(hook))
-            else:
-                hook = guard(lambda m, args, output, i=i: self._record(i, m, output, False))
-                self._handles.append(module.register_forward_hook(hook))
+        on_input, on_output = self._root_hooks
+        self._handles.append(self.root.register_forward_pre_hook(on_input))
+        self._handles.append(self.root.register_forward_hook(on_output))
+        for (_, module, is_weight), hook in zip(self.layers, self._layer_hooks):
+            register = module.register_forward_pre_hook if is_weight else module.register_forward_hook
+            self._handles.append(register(hook))
 
     def detach(self) -> None:
         for handle in self._handles:
@@ -168,6 +174,12 @@ class ActivationProbe:
     def _on_root_output(self, module: nn.Module, args: tuple, output: object) -> None:
         if self._active():
             self._done = True  # measure one training forward per sampled step
+
+    def _on_weight_input(self, i: int, module: nn.Module, args: tuple) -> None:
+        self._record(i, module, args[0] if args else None, True)
+
+    def _on_output(self, i: int, module: nn.Module, args: tuple, output: object) -> None:
+        self._record(i, module, output, False)
 
     def _record(self, i: int, module: nn.Module, x: object, is_weight: bool) -> None:
         if not self._active() or not isinstance(x, torch.Tensor) or not x.is_floating_point() or not x.numel():

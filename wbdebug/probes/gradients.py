@@ -24,25 +24,28 @@ def parameterised_layers(model: nn.Module) -> list[tuple[str, nn.Module, list[nn
     return layers
 
 
-def squared_norms(grads: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Σg² of each gradient, as float32 device scalars, in the fewest passes over memory.
+def squared_norms(grads: list[torch.Tensor], out: torch.Tensor | None = None) -> torch.Tensor:
+    """Σg² of each gradient as one float32 vector (written into ``out`` when given), in the fewest passes.
 
     On CUDA one fused ``torch._foreach_norm`` launch covers every tensor. On CPU that op falls back to
     one slow reduction per tensor; a BLAS ``dot(g, g)`` reads the same memory 2–3× faster (measured on
     the 784-512-512-10 MLP: 57 µs against 147 µs per step).
     """
     if all(g.is_cuda and not g.is_sparse for g in grads):
-        return [n.square() for n in torch._foreach_norm(grads, 2, dtype=torch.float32)]
-    out = []
-    for g in grads:
-        if g.is_sparse:
-            g = g.coalesce().values()
-        if g.dtype == torch.float32 and g.is_contiguous() and g.device.type == "cpu":
-            flat = g.view(-1)
-            out.append(torch.dot(flat, flat))
-        else:
-            out.append(torch.linalg.vector_norm(g, dtype=torch.float32).square())
-    return out
+        squares = [n.square() for n in torch._foreach_norm(grads, 2, dtype=torch.float32)]
+    else:
+        squares = []
+        for g in grads:
+            if g.dtype == torch.float32 and not g.is_sparse and g.is_contiguous() and not g.is_cuda:
+                flat = g.view(-1)
+                squares.append(torch.dot(flat, flat))
+            else:
+                if g.is_sparse:
+                    g = g.coalesce().values()
+                squares.append(torch.linalg.vector_norm(g, dtype=torch.float32).square())
+    if out is not None and any(s.device != out.device for s in squares):  # a model split over devices
+        squares = [s.to(out.device, non_blocking=True) for s in squares]
+    return torch.stack(squares, out=out)
 
 
 class GradientProbe:
@@ -67,6 +70,7 @@ class GradientProbe:
                 self.param_layer.append(i)
         self._param_layer = np.asarray(self.param_layer, dtype=np.int64)
         self._index_cache: dict[tuple[int, ...], torch.Tensor] = {}
+        self._all = tuple(range(len(self.params)))
 
     @property
     def width(self) -> int:
@@ -79,22 +83,24 @@ class GradientProbe:
         ``scale`` is a GradScaler's current scale (a device tensor): the gradients backward produced are
         multiplied by it, so the squares are divided by its square — reported unscaled, with no sync.
         """
-        present = tuple(i for i, p in enumerate(self.params) if p.grad is not None)
-        if not present:
-            return ()
-        grads = [self.params[i].grad for i in present]
-        device = out.device
-        squares = [s if s.device == device else s.to(device, non_blocking=True) for s in squared_norms(grads)]
-        if len(present) == len(self.params) and scale is None:
-            torch.stack(squares, out=out)
+        grads = [p.grad for p in self.params]
+        if any(g is None for g in grads):
+            present = tuple(i for i, g in enumerate(grads) if g is not None)
+            if not present:
+                return ()
+            grads = [grads[i] for i in present]
+        else:
+            present = self._all
+        if present is self._all and scale is None:
+            squared_norms(grads, out=out)  # the usual step: straight into the buffer row
             return present
-        stacked = torch.stack(squares)
+        stacked = squared_norms(grads).to(out.device, non_blocking=True)
         if scale is not None:
-            stacked.div_(scale.to(device=device, dtype=torch.float32).square())
-        if len(present) == len(self.params):
+            stacked.div_(scale.to(device=out.device, dtype=torch.float32).square())
+        if present is self._all:
             out.copy_(stacked)
         else:
-            out.index_copy_(0, self._index(present, device), stacked)
+            out.index_copy_(0, self._index(present, out.device), stacked)
         return present
 
     def _index(self, present: tuple[int, ...], device: torch.device) -> torch.Tensor:

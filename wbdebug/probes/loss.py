@@ -67,6 +67,8 @@ def classes_in_logits(logits: torch.Tensor) -> int | None:
 def as_scalar_loss(loss: torch.Tensor) -> torch.Tensor:
     """A detached float32 scalar (mean of an unreduced loss), still on the device."""
     loss = loss.detach()
+    if loss.dim() == 0 and loss.dtype == torch.float32:
+        return loss  # the usual case, on every step: no op beyond the detach
     if loss.numel() != 1:
         loss = loss.float().mean()
     return loss.reshape(()).float()
