@@ -330,8 +330,8 @@ class Monitor:
         if torch.compiler.is_compiling():
             self._compiled_seen = True  # inside a compiled graph: stay out of it, the criterion hook still works
             return
-        if not torch.is_grad_enabled():
-            return
+        if not torch.is_grad_enabled() or (self.criterion is not None and isinstance(output, torch.Tensor)):
+            return  # a plain tensor carries no loss, and the criterion anchors the backward callback
         loss = find_loss_in_output(output)
         if loss is not None and loss.requires_grad:
             self._losses.setdefault(_MODEL_OUTPUT, []).append(as_scalar_loss(loss))
@@ -613,10 +613,20 @@ class Monitor:
         per_rank = packets[:, : n * width].reshape(ranks, n, width)
         local = per_rank[self.rank if ranks > 1 else 0]
         values = local.tolist()
-        local_np = local.numpy()
+        per_rank_np = per_rank.numpy()
+        local_np = per_rank_np[self.rank if ranks > 1 else 0]
+        # Gradient norms of all rows at once, one numpy pass per run of rows with the same parameters.
+        grad_rows: list[Any] = [None] * n
+        start = 0
+        while start < n:
+            present, end = rows[start].params, start + 1
+            while end < n and rows[end].params == present:
+                end += 1
+            if present:
+                grad_rows[start:end] = self.grads.norms(local_np[start:end, self._g0 : self._a0], present)
+            start = end
         all_losses = per_rank[:, :, 0].tolist()
         mean_rows = per_rank.mean(0).tolist() if ranks > 1 else values
-        layer_names = self.grads.layer_names
         act_names = self.acts.names if self.acts else []
         rank_losses: list[list[float]] = [[] for _ in range(ranks)]
         rank_grads: list[list[float]] = [[] for _ in range(ranks)]
@@ -629,12 +639,10 @@ class Monitor:
                     if bad:
                         stats.loss = all_losses[bad[0]][i]
                         stats.nonfinite_ranks = bad
+                    totals = self.grads.totals(per_rank_np[:, i, self._g0 : self._a0], meta.params)
                     for r in range(ranks):
                         rank_losses[r].append(all_losses[r][i])
-                        rank_grads[r].append(
-                            self.grads.norms(per_rank[r, i, self._g0 : self._a0].numpy(), meta.params)[0]
-                            if meta.params else math.nan
-                        )
+                        rank_grads[r].append(totals[r])
                 self._loss_sum += vals[0]
                 self._loss_n += 1
             finding = self._findings.pop(meta.step, None)
@@ -644,10 +652,8 @@ class Monitor:
             if meta.amp:
                 stats.amp_overflows, stats.amp_scale = int(vals[1]), vals[2]
                 self.amp_overflows += stats.amp_overflows
-            if meta.params:
-                stats.grad_total, stats.grad_layers, stats.nonfinite_param = self.grads.norms(
-                    local_np[i, self._g0 : self._a0], meta.params
-                )
+            if grad_rows[i] is not None:
+                stats.grad_total, stats.grad_layers, stats.nonfinite_param = grad_rows[i]
             if meta.input_measured:
                 stats.input_nonfinite = not math.isfinite(vals[self._a0])
             if meta.activations:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from torch import nn
@@ -71,6 +73,7 @@ class GradientProbe:
         self._param_layer = np.asarray(self.param_layer, dtype=np.int64)
         self._index_cache: dict[tuple[int, ...], torch.Tensor] = {}
         self._all = tuple(range(len(self.params)))
+        self._layouts: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray, list[str]]] = {}
 
     @property
     def width(self) -> int:
@@ -111,16 +114,37 @@ class GradientProbe:
             cached = self._index_cache[present] = torch.tensor(present, device=device)
         return cached
 
-    def norms(self, squares: np.ndarray, present: tuple[int, ...]) -> tuple[float, dict[str, float], str | None]:
-        """Host side: (global norm, {layer: norm} for layers with gradients, first non-finite parameter)."""
-        idx = np.asarray(present, dtype=np.int64)
-        sq = squares[idx].astype(np.float64)
-        per_layer = np.bincount(self._param_layer[idx], weights=sq, minlength=len(self.layer_names))
-        total = float(np.sqrt(sq.sum()))
-        layers = sorted(set(self._param_layer[idx].tolist()))
-        grad_layers = {self.layer_names[i]: float(np.sqrt(per_layer[i])) for i in layers}
-        first_bad = None
-        if not np.isfinite(total):
-            bad = np.flatnonzero(~np.isfinite(sq))
-            first_bad = self.param_names[present[bad[0]]] if len(bad) else None
-        return total, grad_layers, first_bad
+    def norms(
+        self, squares: np.ndarray, present: tuple[int, ...]
+    ) -> list[tuple[float, dict[str, float], str | None]]:
+        """Host side, for rows of Σg² ``[rows, params]`` that share ``present``: per row, (global norm,
+        {layer: norm} for the layers with gradients, first non-finite parameter). One numpy pass for all rows."""
+        idx, starts, names = self._layout(present)
+        sq = squares[:, idx].astype(np.float64)
+        totals = np.sqrt(sq.sum(axis=1)).tolist()
+        per_layer = np.sqrt(np.add.reduceat(sq, starts, axis=1)).tolist()  # params are grouped by layer
+        out = []
+        for r, total in enumerate(totals):
+            first_bad = None
+            if not math.isfinite(total):
+                bad = np.flatnonzero(~np.isfinite(sq[r]))
+                first_bad = self.param_names[present[bad[0]]] if len(bad) else None
+            out.append((total, dict(zip(names, per_layer[r])), first_bad))
+        return out
+
+    def totals(self, squares: np.ndarray, present: tuple[int, ...]) -> list[float]:
+        """Global norm of each row of Σg² ``[rows, params]`` (NaN for a row with no gradients)."""
+        if not present:
+            return [math.nan] * len(squares)
+        return np.sqrt(squares[:, np.asarray(present)].astype(np.float64).sum(axis=1)).tolist()
+
+    def _layout(self, present: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, list[str]]:
+        cached = self._layouts.get(present)
+        if cached is None:
+            if len(self._layouts) > 64:
+                self._layouts.clear()
+            idx = np.asarray(present, dtype=np.int64)
+            layer_of = self._param_layer[idx]
+            starts = np.flatnonzero(np.r_[True, layer_of[1:] != layer_of[:-1]])
+            cached = self._layouts[present] = (idx, starts, [self.layer_names[i] for i in layer_of[starts]])
+        return cached
