@@ -22,7 +22,7 @@ def our_hooks(model, optimizer=None, criterion=None) -> int:
         count += len(module._forward_hooks) + len(module._forward_pre_hooks) + len(module._backward_hooks)
         count += len(module._backward_pre_hooks)
     for p in model.parameters():
-        count += len(p._backward_hooks or {})
+        count += len(p._backward_hooks or {}) + len(p._post_accumulate_grad_hooks or {})
     if optimizer is not None:
         count += len(optimizer._optimizer_step_post_hooks) + len(optimizer._optimizer_step_pre_hooks)
     return count
@@ -96,6 +96,31 @@ def test_gradient_norms_match_plain_autograd_and_are_taken_before_clipping():
     assert row[keys.GRAD_NORM_TOTAL] == pytest.approx(total, rel=1e-5)
     for name, norm in reference.items():
         assert row[keys.grad_norm(name)] == pytest.approx(norm, rel=1e-5)
+
+
+def test_every_steps_gradient_norms_match_plain_autograd_across_read_back_intervals():
+    """Each step's row is its own gradients' (accumulated over micro-batches), whichever interval it falls in."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    criterion = nn.CrossEntropyLoss()
+    memory = wbdebug.MemorySink()
+    expected = []
+    with wbdebug.watch(model, optimizer, criterion, check_every=3, log_every=1, sinks=[memory], **QUIET) as monitor:
+        for step in range(7):  # rows of several read-back intervals, the last one flushed at close()
+            optimizer.zero_grad()
+            for micro in range(3):
+                x, y = torch.randn(16, 512), torch.randint(0, 4, (16,))
+                (criterion(model(x), y) / 3).backward()
+            per_layer = {keys.grad_norm(name): torch.cat([p.grad.flatten() for p in m.parameters()]).norm().item()
+                         for name, m in model.named_children() if list(m.parameters())}
+            total = torch.cat([p.grad.flatten() for p in model.parameters()]).norm().item()
+            expected.append({keys.GRAD_NORM_TOTAL: total, **per_layer})
+            optimizer.step()
+    assert monitor.step == 7 and memory.steps() == list(range(7))
+    for (step, row), want in zip(memory.rows, expected):
+        assert {k: row[k] for k in want} == pytest.approx(want, rel=1e-5), step
+    assert our_hooks(model, optimizer, criterion) == 0
 
 
 def test_activation_statistics_match_a_brute_force_count():
