@@ -145,7 +145,6 @@ class Monitor:
         width = self._a0 + (self.acts.width if self.acts else 0)
         self._buf = torch.full((config.check_every, width), math.nan, device=device, dtype=torch.float32)
         # Views of each buffer row, built once: slicing a tensor per step costs more than the copy into it.
-        self._check_every, self._activation_every = config.check_every, config.activation_every
         self._views = [_RowViews(r, r[0], r[self._g0 : self._a0], r[self._a0 :]) for r in self._buf]
         self._pinned: list[torch.Tensor] = []
         if device.type == "cuda":
@@ -392,7 +391,7 @@ class Monitor:
 
     # ------------------------------------------------------------------ the step clock
     def _views_now(self) -> _RowViews:
-        return self._views[self.step % self._check_every]
+        return self._views[self.step % len(self._views)]
 
     def _measure_grads(self) -> None:
         views = self._views_now()
@@ -430,7 +429,7 @@ class Monitor:
             self.step += 1
             self._cur = _Row(step=self.step)
             self._grads_measured = False
-            if len(self._rows) == self._check_every:
+            if len(self._rows) == len(self._views):
                 self._read_back(collective=True)
         self._poll()
         if self.snapshots is not None and self.step % self.config.snapshot_every == 0:
@@ -546,7 +545,7 @@ class Monitor:
         return []
 
     def _schedule_activations(self) -> None:
-        if self.acts is not None and self.step % self._activation_every == 0:
+        if self.acts is not None and self.step % self.config.activation_every == 0:
             self.acts.attach(self._views_now().acts)
 
     # ------------------------------------------------------------------ read-back
